@@ -1,0 +1,249 @@
+"""Wire contracts shared by the control plane and the cluster workers.
+
+Everything that crosses a process boundary (workflow inputs, signals, activity inputs and
+the events a cluster worker reports) is defined here, once, as plain dataclasses that
+Temporal's default JSON converter round-trips. Names of task queues, workflow ids, signals
+and search attributes live here too, so a cluster worker and the control plane can never
+disagree on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+# --- names -----------------------------------------------------------------------------
+
+#: Task queue of the control-plane worker (scheduler + action workflows, store activities).
+CONTROL_TASK_QUEUE = "headway-control"
+DEFAULT_NAMESPACE = "default"
+DEFAULT_TENANT = "default"
+
+
+def cluster_task_queue(cluster: str) -> str:
+    """Task queue polled by the one cluster worker of ``cluster``."""
+    return f"headway-cluster-{cluster}"
+
+
+def scheduler_workflow_id(tenant: str) -> str:
+    """Workflow id of the shard scheduler of ``tenant`` (one shard per tenant)."""
+    return f"headway-scheduler-{tenant}"
+
+
+def action_workflow_id(tenant: str, action_id: str) -> str:
+    """Workflow id of one action's lifecycle workflow."""
+    return f"headway-action-{tenant}-{action_id}"
+
+
+# Search attributes Headway registers on the server (name -> Temporal type) so the Web UI
+# lists and filters actions by queue, cluster, state and last reason.
+SEARCH_ATTRIBUTES: dict[str, str] = {
+    "HeadwayQueue": "Keyword",
+    "HeadwayCluster": "Keyword",
+    "HeadwayState": "Keyword",
+    "HeadwayReason": "Keyword",
+    "HeadwayTenant": "Keyword",
+    "HeadwayRun": "Keyword",
+}
+
+
+# --- pod shapes on the wire -------------------------------------------------------------
+
+
+@dataclass
+class PodSpec:
+    """One pod of an action, as the cluster worker creates it.
+
+    Quantities are canonical integers: CPU in millicores, memory and ephemeral storage in
+    bytes. ``gpu_type`` is None for an untyped GPU request.
+    """
+
+    role: str  # "main", "worker", "ray-head", "ray-worker", "spark-driver", "spark-executor"
+    index: int
+    cpu_m: int = 0
+    memory: int = 0
+    ephemeral_storage: int = 0
+    gpu: int = 0
+    gpu_type: str | None = None
+    image: str = "busybox"
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class GangKind(StrEnum):
+    """How the pods of one action relate to each other."""
+
+    SINGLE = "single"
+    REPLICAS = "replicas"  # clustered training: replicas x container, torchrun rendezvous
+    RAY = "ray"
+    SPARK = "spark"
+
+
+@dataclass
+class DispatchRequest:
+    """What the control plane asks a cluster worker to run (one admitted action)."""
+
+    tenant: str
+    action_id: str
+    workflow_id: str
+    cluster: str
+    kind: GangKind
+    pods: list[PodSpec]
+    duration_s: float | None = None  # simulated backend: how long the pods "run"
+    # Optional fault injection for the simulated backend (demos and tests):
+    # "oom", "preempt", "node-lost", "image-pull", "fail".
+    inject: str | None = None
+    namespace: str = "default"
+    # node index per pod chosen by the scheduler's best-fit projection (advisory: the
+    # in-cluster scheduler still binds pods).
+    node_hints: list[str] = field(default_factory=list)
+
+
+class ActionEventKind(StrEnum):
+    """What the informers saw happen to an action's pods."""
+
+    SCHEDULED = "Scheduled"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    OOM_KILLED = "OOMKilled"
+    PREEMPTED = "Preempted"  # evicted or DisruptionTarget
+    NODE_LOST = "NodeLost"
+    IMAGE_PULL_FAILED = "ImagePullFailed"
+    UNSCHEDULABLE = "Unschedulable"
+
+
+#: Event kinds after which the action is over.
+TERMINAL_EVENTS = frozenset(
+    {
+        ActionEventKind.SUCCEEDED,
+        ActionEventKind.FAILED,
+        ActionEventKind.OOM_KILLED,
+        ActionEventKind.PREEMPTED,
+        ActionEventKind.NODE_LOST,
+        ActionEventKind.IMAGE_PULL_FAILED,
+    }
+)
+
+
+@dataclass
+class ActionEvent:
+    """One informer-derived event, reported to the action's workflow by signal."""
+
+    action_id: str
+    kind: ActionEventKind
+    cluster: str
+    pod: str | None = None
+    node: str | None = None
+    exit_code: int | None = None
+    message: str = ""
+    observed_at: float = 0.0  # unix seconds at the cluster worker when it saw it
+
+
+@dataclass
+class NodeCapacity:
+    """One node as a cluster worker sees it: allocatable and free (allocatable minus the
+    requests of non-terminal pods). Canonical integer units as in PodSpec."""
+
+    name: str
+    cpu_m: int
+    memory: int
+    ephemeral_storage: int = 0
+    gpu: int = 0
+    gpu_type: str | None = None
+    free_cpu_m: int = 0
+    free_memory: int = 0
+    free_ephemeral_storage: int = 0
+    free_gpu: int = 0
+
+
+@dataclass
+class CapacityReport:
+    """A cluster worker's view of its cluster, sent to the shard scheduler when it changes.
+
+    ``nodes`` is None when the worker cannot read nodes: capacity unknown ("unknown means
+    open"). ``reflected_actions`` names the admitted actions whose pods the report already
+    counts, so the scheduler subtracts only the reservations it does not yet reflect.
+    """
+
+    cluster: str
+    nodes: list[NodeCapacity] | None
+    reflected_actions: list[str] = field(default_factory=list)
+    sequence: int = 0
+    observed_at: float = 0.0
+
+
+# --- workflow / activity / signal names -------------------------------------------------
+# The control plane (workflows/) and the cluster workers (worker/, activities/cluster*)
+# meet only through these names and the dataclasses in this module.
+
+ACTION_WORKFLOW = "ActionWorkflow"
+SCHEDULER_WORKFLOW = "SchedulerWorkflow"
+
+#: Cluster-local activity, on ``cluster_task_queue(cluster)``: creates the action's pods
+#: idempotently (adopting pods a predecessor created), reports every informer event to the
+#: action workflow by the ``ACTION_EVENT_SIGNAL`` signal as it happens, heartbeats while the
+#: pods live, and returns the terminal ActionEvent. Cancelling it deletes the pods.
+RUN_ACTION_ACTIVITY = "headway.cluster.run_action"
+#: Cluster-local activity: delete whatever is left of an action's pods (idempotent).
+DELETE_ACTION_ACTIVITY = "headway.cluster.delete_action"
+
+#: Signal on the action workflow, payload ActionEvent.
+ACTION_EVENT_SIGNAL = "action_event"
+#: Signal on the action workflow from the scheduler (via the dispatch activity), payload
+#: Admission.
+ADMIT_SIGNAL = "admit"
+#: Signal on the scheduler workflow, payload CapacityReport.
+CAPACITY_SIGNAL = "capacity_report"
+#: Update on the scheduler workflow, payload a QueueSpec.to_dict() dict; returns the dict.
+UPSERT_QUEUE_UPDATE = "upsert_queue"
+#: Update on the scheduler workflow: {"name": ..., "changes": {...}}; returns the dict.
+UPDATE_QUEUE_UPDATE = "update_queue"
+#: Update on the scheduler workflow: an OrgLimits.to_dict() dict.
+SET_ORG_UPDATE = "set_org"
+
+
+@dataclass
+class DemandRequest:
+    """An action's infrastructure as declared by the user (scenario-file notation).
+
+    Exactly one of ``resources`` (one pod, or ``replicas`` x container), ``ray`` or
+    ``spark`` is set; the scheduler core computes the demand from it once, at enqueue.
+    Values use Kubernetes quantity notation: ``{"cpu": "500m", "memory": "64Gi",
+    "gpu": "H200:8"}``.
+    """
+
+    resources: dict[str, str | int | float] | None = None
+    replicas: int | None = None
+    ray: dict[str, object] | None = None
+    spark: dict[str, object] | None = None
+
+
+@dataclass
+class SubmitRequest:
+    """Input of ActionWorkflow: one action, submitted by the CLI or the SDK."""
+
+    action_id: str
+    queue: str
+    demand: DemandRequest
+    tenant: str = DEFAULT_TENANT
+    run: str = ""
+    task: str = ""
+    estimate_s: float | None = None
+    environment: str | None = None
+    image: str = "busybox"
+    command: list[str] = field(default_factory=list)
+    duration_s: float | None = None  # simulated backend: how long it runs
+    inject: str | None = None  # simulated backend fault injection
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Admission:
+    """The scheduler's decision to start an action, delivered to its workflow."""
+
+    action_id: str
+    cluster: str
+    node_hints: list[str] = field(default_factory=list)
+    decided_at: float = 0.0
+    reasons: list[str] = field(default_factory=list)

@@ -1,0 +1,105 @@
+"""Why an action is where it is: machine-readable reasons, each documented.
+
+Every decision the gate makes is recorded on the action as one of these PascalCase
+constants, so "why isn't my run moving?" is answered by the state machine that schedules
+the work. A reason is data returned by the pass, never an exception. ``describe`` gives
+the human message.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["GATE_ORDER", "SUBMIT_REASONS", "Reason", "describe"]
+
+
+class Reason(StrEnum):
+    """Reasons an action was rejected at submission or held back in a pass."""
+
+    # --- submission (the action is rejected, never admitted) -------------------------
+    QueueDraining = "QueueDraining"
+    """The queue is draining or drained and accepts no new work."""
+    QueueDepthExceeded = "QueueDepthExceeded"
+    """The queue already holds ``depth`` actions (waiting plus running): backpressure."""
+    RateLimited = "RateLimited"
+    """The tenant's submit-rate token bucket is empty."""
+    FanOutExceeded = "FanOutExceeded"
+    """The run already has ``max_actions_per_run`` accepted actions."""
+    Unschedulable = "Unschedulable"
+    """The demand alone exceeds the queue's ``max_resources``, or no cluster the queue may
+    use has node shapes that could hold every pod even when empty."""
+    UnknownQueue = "UnknownQueue"
+    """The action names a queue that does not exist."""
+
+    # --- gates, in the order they are checked each pass ------------------------------
+    ActionConcurrency = "ActionConcurrency"
+    """The queue already runs ``action_concurrency`` actions."""
+    RunConcurrency = "RunConcurrency"
+    """The queue already runs actions of ``run_concurrency`` runs, and not of this run."""
+    PerRunConcurrency = "PerRunConcurrency"
+    """This run already runs ``per_run_concurrency`` actions in this queue."""
+    MaxResources = "MaxResources"
+    """The queue's in-flight demand plus this action's would exceed ``max_resources``."""
+    OrgConcurrentActions = "OrgConcurrentActions"
+    """The tenant already runs ``max_concurrent_actions`` actions across its queues."""
+    OrgConcurrentRuns = "OrgConcurrentRuns"
+    """The tenant already runs actions of ``max_concurrent_runs`` runs, not of this run."""
+    NoClusterCapacity = "NoClusterCapacity"
+    """No eligible cluster (in the selector, healthy) has room with a node for every pod."""
+    HeldForGang = "HeldForGang"
+    """Room exists, but a blocked gang head holds it (``strict``), or this action is behind
+    the blocked head of its own strict queue."""
+    BackfillWindow = "BackfillWindow"
+    """Room exists on a cluster reserved for a blocked head, and this action would not be
+    gone by the reservation (nor fit in EASY's extra)."""
+    EnvironmentBusy = "EnvironmentBusy"
+    """The warm environment the action runs in is at ``replicas x concurrency``."""
+
+
+SUBMIT_REASONS = (
+    Reason.QueueDraining,
+    Reason.QueueDepthExceeded,
+    Reason.RateLimited,
+    Reason.FanOutExceeded,
+    Reason.Unschedulable,
+)
+
+GATE_ORDER = (
+    Reason.ActionConcurrency,
+    Reason.RunConcurrency,
+    Reason.PerRunConcurrency,
+    Reason.MaxResources,
+    Reason.OrgConcurrentActions,
+    Reason.OrgConcurrentRuns,
+    Reason.NoClusterCapacity,
+)
+
+
+def describe(reason: Reason | str) -> str:
+    """The human message for a reason (its documentation's first sentence)."""
+    try:
+        r = Reason(reason)
+    except ValueError:
+        return str(reason)
+    return _DOCS.get(r, r.value)
+
+
+_DOCS: dict[Reason, str] = {
+    Reason.QueueDraining: "the queue is draining or drained and accepts no new work",
+    Reason.QueueDepthExceeded: "the queue is at its depth limit (waiting + running)",
+    Reason.RateLimited: "the tenant's submit rate limit is exhausted",
+    Reason.FanOutExceeded: "the run reached the tenant's per-run fan-out limit",
+    Reason.Unschedulable: "the demand can never fit this queue's quota or any allowed cluster",
+    Reason.UnknownQueue: "no such queue",
+    Reason.ActionConcurrency: "the queue is at its action concurrency",
+    Reason.RunConcurrency: "the queue is at its run concurrency",
+    Reason.PerRunConcurrency: "this run is at the queue's per-run concurrency",
+    Reason.MaxResources: "the queue's max_resources quota would be exceeded",
+    Reason.OrgConcurrentActions: "the tenant is at its concurrent-action limit",
+    Reason.OrgConcurrentRuns: "the tenant is at its concurrent-run limit",
+    Reason.NoClusterCapacity: "no eligible cluster has room for every pod now",
+    Reason.HeldForGang: "room exists but is held for a blocked gang at the head",
+    Reason.BackfillWindow: "room exists but is reserved for a blocked head and this would"
+    " not finish before it",
+    Reason.EnvironmentBusy: "the warm environment is fully busy",
+}

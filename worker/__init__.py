@@ -1,0 +1,1 @@
+"""Headway: worker."""
