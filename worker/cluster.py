@@ -1,0 +1,210 @@
+"""The cluster worker: one per cluster, next to it, dialing out only.
+
+It polls ``protocol.cluster_task_queue(cluster)`` for the cluster activities (outbound to
+Temporal) and reaches the cluster through a :class:`ClusterBackend` (outbound to the kube
+API, or nothing at all for the simulated backend). It never listens on a port, so the
+control plane needs no route and no credentials into the cluster. Alongside the activities
+it reports the cluster's capacity to every tenant's shard scheduler whenever it changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from headway.activities.backends.base import ClusterBackend
+from headway.activities.backends.sim import SimBackend
+from headway.activities.cluster import ClusterActivities
+from headway.protocol import (
+    CAPACITY_SIGNAL,
+    DEFAULT_TENANT,
+    CapacityReport,
+    cluster_task_queue,
+    scheduler_workflow_id,
+)
+from headway.scheduler.model import ClusterSpec, NodeGroup
+from headway.scheduler.resources import Pod
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Worker
+
+__all__ = ["DEFAULT_SIM_CLUSTER", "capacity_loop", "make_backend", "run_cluster_worker"]
+
+log = logging.getLogger(__name__)
+
+_GI = 2**30
+#: The simulated cluster used when the fleet file does not describe one: a few CPU nodes
+#: and two 8-GPU nodes, enough for every demo scenario to show queueing.
+DEFAULT_SIM_CLUSTER = ClusterSpec(
+    "local",
+    (
+        NodeGroup("cpu", 4, Pod(cpu=16_000, memory=64 * _GI, eph=200 * _GI)),
+        NodeGroup("gpu", 2, Pod(cpu=64_000, memory=512 * _GI, eph=1000 * _GI, gpu=8)),
+    ),
+)
+
+
+def make_backend(
+    name: str, kind: str, fleet_cluster: ClusterSpec | None, **opts: Any
+) -> ClusterBackend:
+    """Build the backend a cluster worker runs with.
+
+    Args:
+        name: The cluster's name as the control plane knows it.
+        kind: ``"sim"`` (embedded simulation) or ``"kubernetes"`` (alias ``"k8s"``).
+        fleet_cluster: The cluster's spec from the fleet file; the simulation builds its
+            nodes from it (``DEFAULT_SIM_CLUSTER``'s nodes when None). Ignored by the
+            Kubernetes backend, which reads real nodes.
+        **opts: Passed to the backend's constructor (e.g. ``time_scale`` for the
+            simulation; ``namespace``, ``gpu_node_label``, ``api_client`` for Kubernetes).
+
+    Returns:
+        A backend, not yet started (``run_cluster_worker`` starts it).
+
+    Raises:
+        ValueError: For an unknown ``kind``.
+    """
+    if kind == "sim":
+        spec = fleet_cluster if fleet_cluster is not None else DEFAULT_SIM_CLUSTER
+        return SimBackend(dataclasses.replace(spec, name=name), **opts)
+    if kind in ("kubernetes", "k8s"):
+        # Imported lazily so the simulated default never pays for the kubernetes client.
+        from headway.activities.backends.kubernetes import KubernetesBackend
+
+        return KubernetesBackend(name, **opts)
+    raise ValueError(f"backend: {kind!r} is not a backend (one of: sim, kubernetes)")
+
+
+async def _send_report(client: Client, tenant: str, report: CapacityReport) -> bool:
+    try:
+        await client.get_workflow_handle(scheduler_workflow_id(tenant)).signal(
+            CAPACITY_SIGNAL, report
+        )
+        return True
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            # The tenant's scheduler has not started yet; it gets a report on the retry.
+            log.debug("scheduler of %s not running yet", tenant)
+        else:
+            log.warning("capacity report to %s failed: %s", tenant, exc)
+        return False
+
+
+async def capacity_loop(
+    client: Client,
+    backend: ClusterBackend,
+    tenants: Sequence[str],
+    *,
+    debounce_s: float = 0.5,
+    retry_s: float = 2.0,
+    resync_s: float = 30.0,
+) -> None:
+    """Report capacity to each tenant's scheduler now, and again whenever it changes.
+
+    Changes are coalesced over ``debounce_s`` so a gang binding pod by pod costs one
+    signal. A scheduler that is not running yet is retried every ``retry_s``; every
+    ``resync_s`` all schedulers get a fresh report anyway, which repairs anything a
+    restarted scheduler missed.
+    """
+    version = 0
+    targets = list(tenants)
+    while True:
+        failed: list[str] = []
+        try:
+            report = await backend.capacity()
+        except Exception as exc:
+            log.warning("reading capacity of %s failed: %s", backend.name, exc)
+            failed = targets
+        else:
+            for tenant in targets:
+                if not await _send_report(client, tenant, report):
+                    failed.append(tenant)
+        try:
+            version = await asyncio.wait_for(
+                backend.wait_capacity_change(version), retry_s if failed else resync_s
+            )
+        except TimeoutError:
+            targets = failed or list(tenants)
+            continue
+        await asyncio.sleep(debounce_s)
+        # Everything that changed during the debounce is in the next report already.
+        version = await backend.wait_capacity_change(-1)
+        targets = list(tenants)
+
+
+async def run_cluster_worker(
+    client: Client,
+    cluster: str,
+    backend: ClusterBackend,
+    *,
+    tenants: Sequence[str] = (DEFAULT_TENANT,),
+    stop: asyncio.Event | None = None,
+    heartbeat_s: float = 5.0,
+    debounce_s: float = 0.5,
+    retry_s: float = 2.0,
+    resync_s: float = 30.0,
+    max_concurrent_activities: int = 1000,
+) -> None:
+    """Run the cluster worker of ``cluster`` until ``stop`` is set (forever if None).
+
+    Args:
+        client: Connected Temporal client (the worker's only connection to the control
+            plane, opened outbound).
+        cluster: The cluster's name; the worker polls ``cluster_task_queue(cluster)``.
+        backend: How to reach the cluster; started here and closed on the way out.
+        tenants: Tenants whose shard schedulers receive this cluster's capacity reports.
+        stop: Set it to shut the worker down. In-flight pods are left running; the next
+            worker for this cluster adopts them when Temporal retries the activities.
+        heartbeat_s: Heartbeat period of ``run_action``.
+        debounce_s: Coalescing window of capacity reports.
+        retry_s: Retry period for schedulers that are not running yet.
+        resync_s: Period of unconditional capacity reports.
+        max_concurrent_activities: ``run_action`` lives as long as its pods, so this
+            bounds how many actions one worker follows at once.
+    """
+    stop = stop or asyncio.Event()
+    await backend.start()
+    try:
+        acts = ClusterActivities(backend, client, heartbeat_s=heartbeat_s)
+        worker = Worker(
+            client,
+            task_queue=cluster_task_queue(cluster),
+            activities=acts.activities(),
+            max_concurrent_activities=max_concurrent_activities,
+            graceful_shutdown_timeout=timedelta(seconds=0),
+        )
+        worker_task = asyncio.create_task(worker.run())
+        reporter = asyncio.create_task(
+            capacity_loop(
+                client,
+                backend,
+                tenants,
+                debounce_s=debounce_s,
+                retry_s=retry_s,
+                resync_s=resync_s,
+            )
+        )
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {worker_task, reporter, stopper}, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stopper.cancel()
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+            if not worker_task.done():
+                await worker.shutdown()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker_task
+        for task in done:
+            if task is not stopper and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        await backend.close()
