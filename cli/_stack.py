@@ -1,0 +1,196 @@
+"""The embedded default as child processes: a Temporal server, the control-plane worker
+and one cluster worker per fleet cluster, each in its own process group.
+
+Children run in their own sessions so a terminal's Ctrl-C reaches only the supervisor,
+which then stops them in order (workers first, the server last) and makes sure every
+process group is gone before it returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import click
+
+from ._common import cluster_names, load_fleet
+from .server import check_ports, server_argv, wait_for_port
+
+__all__ = ["Child", "Stack", "running_stack"]
+
+
+@dataclass
+class Child:
+    """One supervised process (the leader of its own process group)."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, lines: int = 20) -> str:
+        """The end of this child's log, for error messages."""
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+@dataclass
+class Stack:
+    """The processes of one ``headway up``."""
+
+    data_dir: Path
+    address: str
+    ui_url: str | None
+    children: list[Child] = field(default_factory=list)
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"{name}.log"
+        handle: IO[bytes] = log.open("ab")
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+            )
+        finally:
+            handle.close()  # the child holds its own copy
+        child = Child(name, proc, log)
+        self.children.append(child)
+        return child
+
+    def failed(self) -> Child | None:
+        """The first child that exited on its own, if any."""
+        return next((c for c in self.children if not c.alive), None)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop every child: SIGTERM each group, newest first, then SIGKILL stragglers."""
+        for child in reversed(self.children):
+            _signal_group(child.proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for child in self.children:
+            # Whatever a child left in its group (or a child that ignored SIGTERM) goes now.
+            _signal_group(child.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=5)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _headway(*args: str) -> list[str]:
+    # The same interpreter and package as this process, whatever PATH says.
+    return [sys.executable, "-m", "headway.cli", *args]
+
+
+@contextlib.contextmanager
+def running_stack(
+    data_dir: Path,
+    *,
+    fleet_path: str | None = None,
+    port: int = 7233,
+    ui_port: int = 8233,
+    headless: bool = False,
+    database_url: str | None = None,
+    tenant: str = "default",
+    server_timeout_s: float = 90.0,
+) -> Iterator[Stack]:
+    """Start the whole stack, yield it, and stop every process on the way out."""
+    fleet = load_fleet(fleet_path)
+    ports = {"--port": port} if headless else {"--port": port, "--ui-port": ui_port}
+    check_ports(ports)
+    address = f"127.0.0.1:{port}"
+    stack = Stack(data_dir, address, None if headless else f"http://localhost:{ui_port}")
+    try:
+        server = stack.spawn(
+            "temporal-server",
+            server_argv(data_dir, port=port, ui_port=ui_port, headless=headless),
+        )
+        if not wait_for_port(port, server.proc, timeout_s=server_timeout_s):
+            raise click.ClickException(
+                f"the Temporal server did not come up on port {port}; its log "
+                f"({server.log}) ends with:\n{server.tail()}"
+            )
+        common = ["--address", address, "--tenant", tenant]
+        fleet_args = ["--fleet", str(Path(fleet_path).resolve())] if fleet_path else []
+        db_args = ["--database-url", database_url] if database_url else []
+        stack.spawn(
+            "control-plane",
+            _headway(*common, "worker", "control-plane", *fleet_args, *db_args),
+        )
+        for name in cluster_names(fleet):
+            stack.spawn(
+                f"cluster-{name}",
+                _headway(
+                    *common, "worker", "cluster", "--name", name, "--backend", "sim", *fleet_args
+                ),
+            )
+        yield stack
+    finally:
+        stack.stop()
+
+
+async def wait_ready(
+    stack: Stack, clusters: list[str], namespace: str = "default", timeout_s: float = 90.0
+) -> None:
+    """Wait until the control plane and every cluster worker poll their task queues.
+
+    Raises :class:`click.ClickException` with the failing child's log if one exits first.
+    """
+    import asyncio
+
+    from headway import protocol
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+    from temporalio.client import Client
+
+    client = await Client.connect(stack.address, namespace=namespace)
+    wanted = [(protocol.CONTROL_TASK_QUEUE, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)] + [
+        (protocol.cluster_task_queue(c), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY) for c in clusters
+    ]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while wanted:
+        dead = stack.failed()
+        if dead is not None:
+            raise click.ClickException(
+                f"{dead.name} exited with code {dead.proc.returncode}; its log ({dead.log}) "
+                f"ends with:\n{dead.tail()}"
+            )
+        queue, kind = wanted[0]
+        resp = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=namespace, task_queue=TaskQueue(name=queue), task_queue_type=kind
+            )
+        )
+        if resp.pollers:
+            wanted.pop(0)
+            continue
+        if loop.time() >= deadline:
+            raise click.ClickException(
+                f"no worker polls task queue {queue!r} yet; see {stack.data_dir / 'logs'}"
+            )
+        await asyncio.sleep(0.2)

@@ -1,0 +1,80 @@
+"""The ``headway`` console command (verb-noun: ``headway create queue``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+import click
+from headway import __version__, protocol
+
+from ._common import ADDRESS_ENV, DEFAULT_ADDRESS, Settings
+from .queues import create, get, update
+from .server import server
+from .submit import submit, why
+from .up import up
+from .worker import worker
+
+__all__ = ["cli", "main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--address",
+    envvar=ADDRESS_ENV,
+    default=DEFAULT_ADDRESS,
+    show_default=True,
+    help=f"Temporal frontend host:port. [env {ADDRESS_ENV}]",
+)
+@click.option(
+    "--namespace", default=protocol.DEFAULT_NAMESPACE, show_default=True, help="Temporal namespace."
+)
+@click.option(
+    "--tenant", default=protocol.DEFAULT_TENANT, show_default=True, help="Headway tenant (shard)."
+)
+@click.version_option(__version__, prog_name="headway")
+@click.pass_context
+def cli(ctx: click.Context, address: str, namespace: str, tenant: str) -> None:
+    """Headway decides when and where AI and batch work runs on a fleet of Kubernetes
+    clusters: queues with priority, concurrency, quotas and cluster routing, on Temporal."""
+    ctx.obj = Settings(address=address, namespace=namespace, tenant=tenant)
+
+
+for command in (server, worker, up, create, update, get, submit, why):
+    cli.add_command(command)
+
+try:
+    from headway.cli.demo import demo
+except ImportError:  # pragma: no cover - only while the demo is being written
+    pass
+else:
+    cli.add_command(demo)
+
+try:
+    from headway.cli.simulate import simulate
+except ImportError:  # pragma: no cover - until `headway simulate` lands
+    pass
+else:
+    cli.add_command(simulate)
+
+
+def main() -> None:
+    """Console entry point: run the CLI, then leave without interpreter teardown.
+
+    A short-lived process that used the Temporal client can abort while the interpreter
+    tears down its native runtime (sdk-python issue 300), turning a success into a crash.
+    Every event loop is closed by the time click returns, so we flush and ``os._exit``.
+    Only this entry point does so; ``CliRunner`` tests call ``cli`` directly.
+    """
+    try:
+        cli.main(prog_name="headway")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)

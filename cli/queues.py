@@ -1,0 +1,397 @@
+"""Queue and org commands: ``headway create queue``, ``headway update queue``,
+``headway get queues``, ``headway get org``, ``headway update org``.
+
+Every flag is checked on this side with the scheduler core's parsers before anything is
+sent, so bad input fails naming the flag and the value and nothing is half-applied.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+import yaml
+from headway.scheduler.model import OrgLimits, QueueSpec
+
+from ._common import Settings, settings, with_client
+from ._specs import (
+    QUEUE_FIELDS,
+    org_from_entry,
+    org_to_entry,
+    parse_limit,
+    queue_from_entry,
+    queue_to_entry,
+)
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+__all__ = ["create", "get", "update"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_MAX_FLAGS = {
+    "max_cpu": "cpu",
+    "max_memory": "memory",
+    "max_gpu": "gpu",
+    "max_ephemeral_storage": "ephemeral_storage",
+}
+_LIMIT_FLAGS = ("run_concurrency", "action_concurrency", "per_run_concurrency", "depth")
+_UNSET = ("none", "unlimited")
+
+
+def _queue_options(f: F) -> F:
+    """The policy flags shared by ``create queue`` and ``update queue``."""
+    options = [
+        click.option("--priority", help="critical | high | medium | low | lowest"),
+        click.option("--algorithm", help="strict | greedy | backfill | easy"),
+        click.option("--run-concurrency", help="Runs in flight at once ('unlimited' unsets)."),
+        click.option("--action-concurrency", help="Actions in flight at once."),
+        click.option("--per-run-concurrency", help="Actions of one run in flight at once."),
+        click.option("--depth", help="Actions the queue holds (waiting + running)."),
+        click.option("--max-cpu", help="Quota on in-flight CPU, e.g. 512 or 500m."),
+        click.option("--max-memory", help="Quota on in-flight memory, e.g. 4Ti."),
+        click.option("--max-gpu", help='Quota on in-flight GPUs, e.g. 16 or "H200:16".'),
+        click.option("--max-ephemeral-storage", help="Quota on in-flight ephemeral storage."),
+        click.option(
+            "--cluster",
+            "clusters",
+            multiple=True,
+            help="A cluster this queue may dispatch to (repeat; default: any healthy one).",
+        ),
+        click.option("--status", help="active | draining | drained"),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _apply_flags(entry: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The queue ``entry`` (human notation) with the given flags applied."""
+    out = dict(entry)
+    for key in ("priority", "algorithm", "status"):
+        if flags.get(key) is not None:
+            out[key] = flags[key]
+    for key in _LIMIT_FLAGS:
+        if flags.get(key) is not None:
+            out[key] = flags[key]
+    quota = dict(out.get("max_resources") or {})
+    for flag, resource in _MAX_FLAGS.items():
+        value = flags.get(flag)
+        if value is None:
+            continue
+        if str(value).lower() in _UNSET:
+            quota.pop(resource, None)
+        else:
+            quota[resource] = value
+    out["max_resources"] = quota or None
+    if flags.get("clusters"):
+        out["clusters"] = list(flags["clusters"])
+    return out
+
+
+def _checked(entry: Mapping[str, Any]) -> QueueSpec:
+    """The queue ``entry`` as a spec, or a usage error naming the flag and value."""
+    try:
+        return queue_from_entry(entry, where="queue")
+    except ValueError as exc:
+        # "queue.max_resources.cpu: 'x' is not..." reads best as the flag the user typed.
+        msg = str(exc)
+        for flag, resource in _MAX_FLAGS.items():
+            msg = msg.replace(f"queue.max_resources.{resource}:", f"--{flag.replace('_', '-')}:")
+        msg = msg.replace("queue.max_resources.", "--max-")
+        for key in (*_LIMIT_FLAGS, "priority", "algorithm", "status", "clusters"):
+            msg = msg.replace(f"queue.{key}:", f"--{key.replace('_', '-')}:")
+        raise click.BadParameter(msg) from None
+
+
+def _queue_dicts(result: Any) -> list[dict[str, Any]]:
+    """The queue dicts in whatever ``get_queues`` returned (a list or {"queues": [...]})."""
+    if isinstance(result, Mapping):
+        result = result.get("queues", [])
+    return [dict(q) for q in result]
+
+
+async def _fetch_queues(client: Client, cfg: Settings) -> list[dict[str, Any]]:
+    from headway.workflows import client as hw
+
+    return _queue_dicts(await hw.get_queues(client, cfg.tenant))
+
+
+def _find(queues: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    return next((q for q in queues if q.get("name") == name), None)
+
+
+# --- create / update / get groups -------------------------------------------------------
+
+
+@click.group()
+def create() -> None:
+    """Create a resource (queue)."""
+
+
+@click.group()
+def update() -> None:
+    """Update a resource (queue, org) live; work in flight is never killed."""
+
+
+@click.group()
+def get() -> None:
+    """Show resources (queues, org)."""
+
+
+@create.command("queue")
+@click.argument("name")
+@_queue_options
+@click.pass_context
+def create_queue(ctx: click.Context, /, name: str, **flags: Any) -> None:
+    """Create the queue NAME with the policy given by the flags."""
+    cfg = settings(ctx)
+    spec = _checked(_apply_flags({"name": name}, flags))
+
+    async def go(client: Client) -> None:
+        from headway.workflows import client as hw
+
+        await hw.ensure_scheduler(client, cfg.tenant, None)
+        if _find(await _fetch_queues(client, cfg), name) is not None:
+            raise click.ClickException(
+                f"queue {name!r} already exists; change it with `headway update queue {name}`"
+            )
+        await hw.upsert_queue(client, cfg.tenant, spec.to_dict())
+
+    with_client(cfg, go)
+    click.echo(f"queue {name!r} created")
+
+
+@update.command("queue")
+@click.argument("name")
+@_queue_options
+@click.option("--clear-cluster", is_flag=True, help="Let the queue use any healthy cluster.")
+@click.option("--edit", is_flag=True, help="Edit the queue as YAML in $EDITOR.")
+@click.pass_context
+def update_queue(
+    ctx: click.Context, /, name: str, clear_cluster: bool, edit: bool, **flags: Any
+) -> None:
+    """Change the queue NAME live: only the flags given change."""
+    cfg = settings(ctx)
+    if clear_cluster and flags.get("clusters"):
+        raise click.BadParameter("--cluster and --clear-cluster contradict each other")
+    _checked(_apply_flags({"name": name}, flags))  # bad flags fail before any round trip
+
+    async def go(client: Client) -> bool:
+        from headway.workflows import client as hw
+
+        current = _find(await _fetch_queues(client, cfg), name)
+        if current is None:
+            raise click.ClickException(f"queue {name!r} does not exist (see `headway get queues`)")
+        old = QueueSpec.from_dict(current)
+        entry = _apply_flags(queue_to_entry(old), flags)
+        if clear_cluster:
+            entry["clusters"] = None
+        if edit:
+            entry = _edit(entry)
+        new = _checked(entry)
+        if new.name != name:
+            raise click.BadParameter(f"name: a queue cannot be renamed ({name!r} -> {new.name!r})")
+        before, after = old.to_dict(), new.to_dict()
+        changes = {k: v for k, v in after.items() if k != "name" and before.get(k) != v}
+        if changes:
+            await hw.update_queue(client, cfg.tenant, name, changes)
+        return bool(changes)
+
+    changed = with_client(cfg, go)
+    click.echo(f"queue {name!r} updated" if changed else f"queue {name!r} unchanged")
+
+
+def _edit(entry: dict[str, Any]) -> dict[str, Any]:
+    text = yaml.safe_dump(
+        {k: entry.get(k) for k in QUEUE_FIELDS}, sort_keys=False, default_flow_style=False
+    )
+    edited = click.edit(text, extension=".yaml")
+    if edited is None:  # editor closed without saving
+        return entry
+    try:
+        data = yaml.safe_load(edited)
+    except yaml.YAMLError as exc:
+        raise click.BadParameter(f"--edit: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise click.BadParameter("--edit: expected a mapping of queue fields")
+    return data
+
+
+def _output_option(f: F) -> F:
+    return click.option(
+        "-o",
+        "--output",
+        type=click.Choice(["table", "yaml", "json"]),
+        default="table",
+        show_default=True,
+    )(f)
+
+
+@get.command("queues")
+@_output_option
+@click.pass_context
+def get_queues(ctx: click.Context, output: str) -> None:
+    """List the tenant's queues with their policy."""
+    cfg = settings(ctx)
+    queues = with_client(cfg, lambda c: _fetch_queues(c, cfg))
+    entries = [
+        {
+            **queue_to_entry(QueueSpec.from_dict(q)),
+            **{k: v for k, v in q.items() if k not in QUEUE_FIELDS},
+        }
+        for q in queues
+    ]
+    if output == "json":
+        click.echo(json.dumps(entries, indent=2))
+        return
+    if output == "yaml":
+        click.echo(yaml.safe_dump(entries, sort_keys=False), nl=False)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"queues of tenant {cfg.tenant!r}")
+    for col in (
+        "name",
+        "priority",
+        "algorithm",
+        "run/action/per-run",
+        "depth",
+        "max_resources",
+        "clusters",
+        "status",
+    ):
+        table.add_column(col)
+    for e in entries:
+        conc = "/".join(
+            _show(e[k]) for k in ("run_concurrency", "action_concurrency", "per_run_concurrency")
+        )
+        quota = ", ".join(f"{k}={v}" for k, v in (e["max_resources"] or {}).items()) or "-"
+        table.add_row(
+            e["name"],
+            e["priority"],
+            e["algorithm"],
+            conc,
+            _show(e["depth"]),
+            quota,
+            ", ".join(e["clusters"]) if e["clusters"] is not None else "any",
+            e["status"],
+        )
+    Console().print(table)
+
+
+def _show(value: Any) -> str:
+    return "∞" if value is None else str(value)
+
+
+# --- org ----------------------------------------------------------------------------------
+
+
+async def _fetch_org(client: Client, cfg: Settings) -> OrgLimits:
+    from headway.workflows import client as hw
+
+    return OrgLimits.from_dict(await hw.get_org(client, cfg.tenant))
+
+
+@get.command("org")
+@_output_option
+@click.pass_context
+def get_org(ctx: click.Context, output: str) -> None:
+    """Show every org-wide limit of the tenant against its default."""
+    cfg = settings(ctx)
+    current = org_to_entry(with_client(cfg, lambda c: _fetch_org(c, cfg)))
+    defaults = org_to_entry(OrgLimits())
+    if output == "json":
+        click.echo(json.dumps(current, indent=2))
+        return
+    if output == "yaml":
+        click.echo(yaml.safe_dump(current, sort_keys=False), nl=False)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"org limits of tenant {cfg.tenant!r}")
+    for col in ("limit", "value", "default"):
+        table.add_column(col)
+    for key, value in current.items():
+        table.add_row(key, _show_org(value), _show_org(defaults[key]))
+    Console().print(table)
+
+
+def _show_org(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return f"{value['per_second']}/s, burst {value['burst']}"
+    return _show(value)
+
+
+@update.command("org")
+@click.option("--max-concurrent-runs", help="Runs in flight across queues ('unlimited' unsets).")
+@click.option("--max-concurrent-actions", help="Actions in flight across queues.")
+@click.option("--max-actions-per-run", help="Fan-out: actions one run may submit.")
+@click.option("--submit-rate", help="Submissions per second ('unlimited' unsets).")
+@click.option("--submit-burst", help="Submission burst (default: the rate, at least 1).")
+@click.pass_context
+def update_org(ctx: click.Context, /, **flags: Any) -> None:
+    """Change the tenant's org-wide limits; only the flags given change."""
+    cfg = settings(ctx)
+    for key in ("max_concurrent_runs", "max_concurrent_actions", "max_actions_per_run"):
+        try:
+            parse_limit(flags[key], f"--{key.replace('_', '-')}")
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    for key in ("submit_rate", "submit_burst"):
+        value = flags[key]
+        if value is not None and value.lower() not in _UNSET:
+            _number(value, f"--{key.replace('_', '-')}")
+
+    async def go(client: Client) -> None:
+        from headway.workflows import client as hw
+
+        entry = org_to_entry(await _fetch_org(client, cfg))
+        for key in ("max_concurrent_runs", "max_concurrent_actions", "max_actions_per_run"):
+            if flags[key] is not None:
+                entry[key] = flags[key]
+        rate, burst = flags["submit_rate"], flags["submit_burst"]
+        if rate is not None and rate.lower() in _UNSET:
+            entry["submit_rate"] = None
+        elif rate is not None or burst is not None:
+            old = entry.get("submit_rate") or {}
+            per_s = rate if rate is not None else old.get("per_second")
+            if per_s is None:
+                raise click.BadParameter("--submit-burst needs --submit-rate (none is set)")
+            entry["submit_rate"] = {
+                "per_second": _number(per_s, "--submit-rate"),
+                "burst": _number(burst, "--submit-burst")
+                if burst is not None
+                else old.get("burst", max(1.0, _number(per_s, "--submit-rate"))),
+            }
+        try:
+            org = org_from_entry(entry, where="org")
+        except ValueError as exc:
+            raise click.BadParameter(_org_flag(str(exc))) from None
+        await hw.set_org(client, cfg.tenant, org.to_dict())
+
+    with_client(cfg, go)
+    click.echo("org limits updated")
+
+
+def _number(value: Any, flag: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise click.BadParameter(f"{flag}: {value!r} is not a number") from None
+
+
+def _org_flag(msg: str) -> str:
+    for key in (
+        "max_concurrent_runs",
+        "max_concurrent_actions",
+        "max_actions_per_run",
+        "submit_rate",
+    ):
+        msg = msg.replace(f"org.{key}:", f"--{key.replace('_', '-')}:")
+    return msg

@@ -1,0 +1,166 @@
+"""``headway submit`` (enqueue actions) and ``headway why`` (why is it where it is)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, is_dataclass
+from typing import TYPE_CHECKING, Any
+
+import click
+from headway.sdk.client import DEFAULT_QUEUE, Action, Resources, Task
+from headway.sdk.client import Client as HeadwayClient
+
+from ._common import settings, with_client
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+__all__ = ["submit", "why"]
+
+
+def _plain(value: Any) -> Any:
+    """A result as JSON-able data (dataclasses become dicts)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    return value
+
+
+def _succeeded(result: Any) -> bool:
+    data = _plain(result)
+    if isinstance(data, dict):
+        state = str(data.get("state") or data.get("status") or data.get("kind") or "")
+        return state.lower() in ("succeeded", "success", "completed", "done")
+    return True
+
+
+@click.command()
+@click.option("--queue", default=DEFAULT_QUEUE, show_default=True, help="Queue to enqueue on.")
+@click.option("--run", default="", help="Run the action belongs to (default: its own).")
+@click.option("--task", default="action", show_default=True, help="Task name (runtime history).")
+@click.option("--cpu", default=None, help="CPU per pod, e.g. 2 or 500m.")
+@click.option("--memory", default=None, help="Memory per pod, e.g. 8Gi.")
+@click.option("--gpu", default=None, help='GPUs per pod: 8 (any type) or "H200:8".')
+@click.option("--ephemeral-storage", default=None, help="Ephemeral storage per pod.")
+@click.option("--replicas", type=click.IntRange(min=1), default=None, help="Gang of N pods.")
+@click.option(
+    "--duration", type=click.FloatRange(min=0), default=None, help="Simulated run time (s)."
+)
+@click.option(
+    "--estimate", type=click.FloatRange(min=0), default=None, help="Declared runtime (s)."
+)
+@click.option("--id", "action_id", default=None, help="Action id (default: generated).")
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Submit N copies (ids get -0, -1, ...).",
+)
+@click.option("--image", default="busybox", show_default=True, help="Container image.")
+@click.option(
+    "--inject",
+    default=None,
+    type=click.Choice(["oom", "preempt", "node-lost", "image-pull", "fail"]),
+    help="sim backend: inject a fault.",
+)
+@click.option("--tenant", default=None, help="Tenant (default: the group's --tenant).")
+@click.option(
+    "--wait", is_flag=True, help="Wait until every action is over; non-zero exit if one failed."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of text.")
+@click.pass_context
+def submit(
+    ctx: click.Context,
+    queue: str,
+    run: str,
+    task: str,
+    cpu: str | None,
+    memory: str | None,
+    gpu: str | None,
+    ephemeral_storage: str | None,
+    replicas: int | None,
+    duration: float | None,
+    estimate: float | None,
+    action_id: str | None,
+    count: int,
+    image: str,
+    inject: str | None,
+    tenant: str | None,
+    wait: bool,
+    as_json: bool,
+) -> None:
+    """Enqueue an action (or COUNT copies) and print where to follow it."""
+    cfg = settings(ctx)
+    tenant = tenant or cfg.tenant
+    try:
+        resources = Resources(cpu=cpu, memory=memory, gpu=gpu, ephemeral_storage=ephemeral_storage)
+    except ValueError as exc:
+        raise click.BadParameter(f"--{str(exc).replace('_', '-')}") from None
+    spec = Task(
+        task, resources, replicas=replicas, duration=duration, estimate=estimate, image=image
+    )
+    ids = [action_id] if count == 1 else [f"{action_id or task}-{i}" for i in range(count)]
+
+    async def go(client: Client) -> bool:
+        hw = HeadwayClient(client, tenant=tenant)
+        actions: list[Action] = []
+        for one in ids:
+            action = await hw.submit(spec, queue=queue, run=run, id=one, inject=inject)
+            actions.append(action)
+            if as_json:
+                click.echo(
+                    json.dumps(
+                        {
+                            "id": action.id,
+                            "workflow_id": action.workflow_id,
+                            "queue": queue,
+                            "ui": action.ui_url,
+                        }
+                    )
+                )
+            else:
+                click.echo(f"submitted {action.id} to queue {queue!r}: {action.ui_url}")
+        if not wait:
+            return True
+        ok = True
+        for action in actions:
+            result = await action.result()
+            ok = ok and _succeeded(result)
+            data = _plain(result)
+            if as_json:
+                click.echo(json.dumps({"id": action.id, "result": data}, default=str))
+            else:
+                click.echo(f"{action.id}: {_describe(data)}")
+        return ok
+
+    if not with_client(cfg, go):
+        raise click.ClickException("an action did not succeed")
+
+
+def _describe(data: Any) -> str:
+    if isinstance(data, dict):
+        return ", ".join(f"{k}={v}" for k, v in data.items() if v not in (None, "", [], {}))
+    return str(data)
+
+
+@click.command()
+@click.argument("action_id")
+@click.option("--tenant", default=None, help="Tenant (default: the group's --tenant).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def why(ctx: click.Context, action_id: str, tenant: str | None, as_json: bool) -> None:
+    """Why ACTION_ID is where it is: its state, queue, cluster and the scheduler's reasons."""
+    cfg = settings(ctx)
+    hw_tenant = tenant or cfg.tenant
+
+    async def go(client: Client) -> Any:
+        return await HeadwayClient(client, tenant=hw_tenant).why(action_id)
+
+    data = _plain(with_client(cfg, go))
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            click.echo(f"{key}: {value}")
+    else:
+        click.echo(str(data))

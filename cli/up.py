@@ -1,0 +1,108 @@
+"""``headway up``: the embedded default in one command."""
+
+from __future__ import annotations
+
+import signal
+import time
+from types import FrameType
+
+import click
+
+from ._common import (
+    DATABASE_URL_ENV,
+    cluster_names,
+    default_database_url,
+    load_fleet,
+    resolve_data_dir,
+    run,
+    settings,
+)
+from ._stack import running_stack, wait_ready
+
+__all__ = ["up"]
+
+
+@click.command()
+@click.option(
+    "--data-dir",
+    envvar="HEADWAY_DATA_DIR",
+    default=None,
+    help="Server state, store and logs. [env HEADWAY_DATA_DIR; default ./.headway]",
+)
+@click.option(
+    "--fleet",
+    "fleet_path",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Fleet file. [default: the bundled examples/fleet.yaml]",
+)
+@click.option("--port", default=7233, show_default=True, help="Temporal gRPC port.")
+@click.option("--ui-port", default=8233, show_default=True, help="Web UI port.")
+@click.option("--headless", is_flag=True, help="No Web UI.")
+@click.option(
+    "--database-url",
+    envvar=DATABASE_URL_ENV,
+    default=None,
+    help="The control plane's store. [default: SQLite in the data directory]",
+)
+@click.pass_context
+def up(
+    ctx: click.Context,
+    data_dir: str | None,
+    fleet_path: str | None,
+    port: int,
+    ui_port: int,
+    headless: bool,
+    database_url: str | None,
+) -> None:
+    """Run a Temporal server, the control plane and one simulated cluster worker per fleet
+    cluster, until Ctrl-C (or SIGTERM) stops them all."""
+    cfg = settings(ctx)
+    directory = resolve_data_dir(data_dir)
+    clusters = cluster_names(load_fleet(fleet_path))
+    stopping: list[int] = []
+    started = False
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stopping.append(signum)
+        if not started:
+            # Still starting: unwind now (running_stack stops what already runs).
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with running_stack(
+            directory,
+            fleet_path=fleet_path,
+            port=port,
+            ui_port=ui_port,
+            headless=headless,
+            database_url=database_url or default_database_url(directory),
+            tenant=cfg.tenant,
+        ) as stack:
+            run(wait_ready(stack, clusters, cfg.namespace))
+            started = True
+            click.echo(f"Headway is up. Temporal at {stack.address}", err=True)
+            if stack.ui_url:
+                click.echo(
+                    f"  Web UI:   {stack.ui_url}/namespaces/{cfg.namespace}/workflows", err=True
+                )
+            click.echo(f"  workers:  control-plane, {', '.join(clusters)} (sim)", err=True)
+            click.echo(f"  logs:     {directory / 'logs'}", err=True)
+            click.echo("Ctrl-C stops everything.", err=True)
+            while not stopping:
+                dead = stack.failed()
+                if dead is not None:
+                    raise click.ClickException(
+                        f"{dead.name} exited with code {dead.proc.returncode}; its log "
+                        f"({dead.log}) ends with:\n{dead.tail()}"
+                    )
+                time.sleep(0.2)
+            click.echo("Stopping...", err=True)
+    except KeyboardInterrupt:
+        if not stopping:
+            raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    click.echo("Stopped.", err=True)

@@ -1,0 +1,133 @@
+"""``headway worker control-plane`` and ``headway worker cluster``: the two kinds of
+long-running worker, each until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import click
+
+from ._common import (
+    DATABASE_URL_ENV,
+    Settings,
+    connect_retrying,
+    fleet_cluster,
+    load_fleet,
+    run,
+    settings,
+)
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+__all__ = ["worker"]
+
+
+async def _serve(cfg: Settings, body: Callable[[Client, asyncio.Event], Awaitable[None]]) -> None:
+    """Connect (waiting for a server that is still starting) and run ``body`` until a
+    signal sets the stop event it receives."""
+    client = await connect_retrying(cfg, timeout_s=120.0)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await body(client, stop)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+@click.group()
+def worker() -> None:
+    """Run a Headway worker."""
+
+
+_fleet_option = click.option(
+    "--fleet",
+    "fleet_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Fleet file (clusters and queues). [default: the bundled examples/fleet.yaml]",
+)
+
+
+@worker.command("control-plane")
+@_fleet_option
+@click.option(
+    "--database-url",
+    envvar=DATABASE_URL_ENV,
+    default=None,
+    help="The control plane's store (SQLAlchemy URL). [env HEADWAY_DATABASE_URL]",
+)
+@click.pass_context
+def control_plane(ctx: click.Context, fleet_path: str | None, database_url: str | None) -> None:
+    """The control plane: shard schedulers, action workflows and their activities."""
+    cfg = settings(ctx)
+    fleet = load_fleet(fleet_path)
+    from headway.worker.control_plane import run_control_plane_worker
+
+    async def body(client: Client, stop: asyncio.Event) -> None:
+        await run_control_plane_worker(client, database_url=database_url, fleet=fleet, stop=stop)
+
+    run(_serve(cfg, body))
+
+
+@worker.command("cluster")
+@click.option("--name", required=True, help="The cluster this worker serves (a fleet cluster).")
+@click.option(
+    "--backend",
+    type=click.Choice(["sim", "kubernetes"]),
+    default="sim",
+    show_default=True,
+    help="sim: an in-process simulated cluster; kubernetes: a real API server.",
+)
+@_fleet_option
+@click.option("--kubeconfig", default=None, help="kubernetes backend: kubeconfig file.")
+@click.option("--context", "kube_context", default=None, help="kubernetes backend: context.")
+@click.option(
+    "--pod-namespace",
+    default=None,
+    help="kubernetes backend: namespace the pods run in. [default: the backend's]",
+)
+@click.option(
+    "--time-scale",
+    type=float,
+    default=None,
+    help="sim backend: simulated seconds per real second. [default: the backend's]",
+)
+@click.pass_context
+def cluster(
+    ctx: click.Context,
+    name: str,
+    backend: str,
+    fleet_path: str | None,
+    kubeconfig: str | None,
+    kube_context: str | None,
+    pod_namespace: str | None,
+    time_scale: float | None,
+) -> None:
+    """A cluster worker: dials out to Temporal and runs admitted actions' pods."""
+    cfg = settings(ctx)
+    entry = fleet_cluster(load_fleet(fleet_path), name)
+    from headway.worker.cluster import make_backend, run_cluster_worker
+
+    opts = {
+        k: v
+        for k, v in {
+            "kubeconfig": kubeconfig,
+            "context": kube_context,
+            "namespace": pod_namespace,
+            "time_scale": time_scale,
+        }.items()
+        if v is not None
+    }
+
+    async def body(client: Client, stop: asyncio.Event) -> None:
+        impl = make_backend(name, backend, entry, **opts)
+        await run_cluster_worker(client, name, impl, tenants=[cfg.tenant], stop=stop)
+
+    run(_serve(cfg, body))

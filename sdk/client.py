@@ -1,0 +1,242 @@
+"""The Python SDK: submit actions to Headway queues and follow them.
+
+hw = await Client.connect("localhost:7233")
+train = Task("train", Resources(cpu=8, memory="64Gi", gpu="H100:8"), replicas=4)
+score = Task("score", Resources(cpu=2, memory="4Gi"))
+
+run = hw.with_runcontext(queue="gpu-h200-fast")        # pin the whole run to a queue
+fast = await run.submit(score)                         # ... the fast path stays there
+slow = await run.submit(train.override(queue="backfill-queue"))  # ... one task moves
+print(await fast.result(), await slow.why())
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from headway import protocol
+from headway.protocol import DemandRequest, SubmitRequest
+from headway.scheduler.resources import parse_cpu, parse_gpu, parse_memory
+
+if TYPE_CHECKING:
+    from temporalio.client import Client as TemporalClient
+    from temporalio.client import WorkflowHandle
+
+__all__ = ["Action", "Client", "Resources", "Run", "Task"]
+
+#: Where the Temporal Web UI is, for the links the SDK and CLI print.
+UI_URL_ENV = "HEADWAY_UI_URL"
+DEFAULT_UI_URL = "http://localhost:8233"
+#: The queue an action goes to when neither the call, the task nor the run names one.
+DEFAULT_QUEUE = "default"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one pod needs, in Kubernetes notation: ``Resources(cpu="500m", memory="64Gi",
+    gpu="H200:8")``. A bare GPU count (``gpu=2``) accepts any GPU type.
+
+    Values are checked at construction with the scheduler core's parsers; a bad one raises
+    ValueError naming the field and the value.
+    """
+
+    cpu: str | int | float | None = None
+    memory: str | int | None = None
+    gpu: str | int | None = None
+    ephemeral_storage: str | int | None = None
+
+    def __post_init__(self) -> None:
+        if self.cpu is not None:
+            parse_cpu(self.cpu, "cpu")
+        if self.memory is not None:
+            parse_memory(self.memory, "memory")
+        if self.gpu is not None:
+            parse_gpu(self.gpu, "gpu")
+        if self.ephemeral_storage is not None:
+            parse_memory(self.ephemeral_storage, "ephemeral_storage")
+
+    def to_dict(self) -> dict[str, str | int | float]:
+        """The set fields, as the wire's ``DemandRequest.resources``."""
+        out: dict[str, str | int | float] = {}
+        for key in ("cpu", "memory", "gpu", "ephemeral_storage"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+@dataclass(frozen=True)
+class Task:
+    """A kind of action: its infrastructure and, optionally, the queue it goes to.
+
+    ``replicas`` > 1 makes it a gang (clustered training: replicas x the container, all
+    admitted at once on one cluster). ``duration`` is how long it runs on the simulated
+    backend; ``estimate`` is the declared runtime backfill uses.
+    """
+
+    name: str
+    resources: Resources = field(default_factory=Resources)
+    replicas: int | None = None
+    queue: str | None = None
+    duration: float | None = None
+    estimate: float | None = None
+    image: str = "busybox"
+    command: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.replicas is not None and self.replicas < 1:
+            raise ValueError(f"replicas: {self.replicas!r} must be at least 1")
+        for key in ("duration", "estimate"):
+            value = getattr(self, key)
+            if value is not None and value < 0:
+                raise ValueError(f"{key}: {value!r} is negative")
+
+    def override(self, **changes: Any) -> Task:
+        """This task with some fields replaced, e.g. ``task.override(queue="backfill")``:
+        re-routes one task without touching the run's queue."""
+        return replace(self, **changes)
+
+
+class Action:
+    """A submitted action: its ids, where to see it, and how to wait for it."""
+
+    def __init__(self, client: Client, request: SubmitRequest, handle: WorkflowHandle[Any, Any]):
+        self._client = client
+        self.request = request
+        self.handle = handle
+
+    @property
+    def id(self) -> str:
+        return self.request.action_id
+
+    @property
+    def queue(self) -> str:
+        return self.request.queue
+
+    @property
+    def workflow_id(self) -> str:
+        return protocol.action_workflow_id(self.request.tenant, self.request.action_id)
+
+    @property
+    def ui_url(self) -> str:
+        """This action's workflow in the Temporal Web UI."""
+        return self._client.ui_link(self.workflow_id)
+
+    async def result(self) -> Any:
+        """Wait until the action is over and return its outcome."""
+        from headway.workflows import client as hw
+
+        return await hw.wait_result(self.handle)
+
+    async def why(self) -> Any:
+        """Why the action is where it is: its state and the scheduler's reasons."""
+        return await self._client.why(self.id)
+
+    def __repr__(self) -> str:
+        return f"Action(id={self.id!r}, queue={self.queue!r})"
+
+
+class Run:
+    """A run context: actions submitted through it share a run id and a default queue."""
+
+    def __init__(self, client: Client, *, queue: str | None, run: str) -> None:
+        self._client = client
+        self.queue = queue
+        self.run = run
+
+    async def submit(self, task: Task, *, id: str | None = None, **extra: Any) -> Action:
+        """Submit ``task`` on the task's queue if it has one, else the run's queue."""
+        return await self._client.submit(
+            task, queue=task.queue or self.queue, run=self.run, id=id, **extra
+        )
+
+
+class Client:
+    """A connection to Headway (a Temporal client plus the tenant it acts for)."""
+
+    def __init__(
+        self,
+        temporal: TemporalClient,
+        *,
+        tenant: str = protocol.DEFAULT_TENANT,
+        ui_url: str | None = None,
+    ) -> None:
+        self.temporal = temporal
+        self.tenant = tenant
+        self._ui_url = (ui_url or os.environ.get(UI_URL_ENV) or DEFAULT_UI_URL).rstrip("/")
+
+    @classmethod
+    async def connect(
+        cls,
+        address: str = "localhost:7233",
+        *,
+        namespace: str = protocol.DEFAULT_NAMESPACE,
+        tenant: str = protocol.DEFAULT_TENANT,
+        ui_url: str | None = None,
+    ) -> Client:
+        """Connect to the Temporal server Headway runs on."""
+        from temporalio.client import Client as TemporalClient
+
+        temporal = await TemporalClient.connect(address, namespace=namespace)
+        return cls(temporal, tenant=tenant, ui_url=ui_url)
+
+    def ui_link(self, workflow_id: str) -> str:
+        """A workflow's page in the Temporal Web UI."""
+        return f"{self._ui_url}/namespaces/{self.temporal.namespace}/workflows/{workflow_id}"
+
+    def with_runcontext(self, *, queue: str | None = None, run: str | None = None) -> Run:
+        """A run pinned to ``queue``: its tasks go there unless they override it."""
+        return Run(self, queue=queue, run=run or f"run-{uuid.uuid4().hex[:8]}")
+
+    def request(
+        self,
+        task: Task,
+        *,
+        queue: str | None = None,
+        run: str = "",
+        id: str | None = None,
+        inject: str | None = None,
+    ) -> SubmitRequest:
+        """The wire request for ``task`` (what :meth:`submit` sends)."""
+        resources = task.resources.to_dict()
+        return SubmitRequest(
+            action_id=id or f"{task.name}-{uuid.uuid4().hex[:8]}",
+            queue=queue or task.queue or DEFAULT_QUEUE,
+            demand=DemandRequest(resources=resources, replicas=task.replicas),
+            tenant=self.tenant,
+            run=run,
+            task=task.name,
+            estimate_s=task.estimate,
+            image=task.image,
+            command=list(task.command),
+            duration_s=task.duration,
+            inject=inject,
+            labels=dict(task.labels),
+        )
+
+    async def submit(
+        self,
+        task: Task,
+        *,
+        queue: str | None = None,
+        run: str = "",
+        id: str | None = None,
+        inject: str | None = None,
+    ) -> Action:
+        """Enqueue one action of ``task`` on ``queue`` (else the task's, else "default")."""
+        from headway.workflows import client as hw
+
+        req = self.request(task, queue=queue, run=run, id=id, inject=inject)
+        handle = await hw.submit(self.temporal, req)
+        return Action(self, req, handle)
+
+    async def why(self, action_id: str) -> Any:
+        """Why ``action_id`` is where it is."""
+        from headway.workflows import client as hw
+
+        return await hw.why(self.temporal, self.tenant, action_id)

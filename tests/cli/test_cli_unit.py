@@ -1,0 +1,156 @@
+"""The CLI without a server: flags are checked before anything is sent, and each bad
+value fails naming the flag and the value, with a non-zero exit."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from headway.cli._common import free_port, load_fleet
+from headway.cli._specs import queue_from_entry, queue_to_entry
+from headway.cli.main import cli
+
+# Nothing listens here, so a command that got as far as connecting would say
+# "cannot reach Temporal" instead of naming the bad flag.
+NOWHERE = f"127.0.0.1:{free_port()}"
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, ["--address", NOWHERE, *args])
+
+
+def test_help_lists_verb_noun_commands():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("server", "worker", "up", "create", "update", "get", "submit", "why"):
+        assert command in result.output
+    result = invoke("create", "--help")
+    assert "queue" in result.output
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [
+        ("--priority", "urgent", "priority: 'urgent'"),
+        ("--algorithm", "fifo", "algorithm: 'fifo'"),
+        ("--status", "paused", "status: 'paused'"),
+        ("--run-concurrency", "-3", "--run-concurrency: '-3'"),
+        ("--depth", "lots", "--depth: 'lots'"),
+        ("--max-cpu", "fast", "--max-cpu: 'fast'"),
+        ("--max-memory", "12Qi", "--max-memory: '12Qi'"),
+        ("--max-gpu", "H200:x", "--max-gpu: 'H200:x'"),
+    ],
+)
+def test_create_queue_rejects_bad_flags_before_connecting(flag, value, named):
+    result = invoke("create", "queue", "q1", flag, value)
+    assert result.exit_code != 0
+    assert named in result.output
+    assert "cannot reach" not in result.output
+
+
+def test_update_queue_rejects_bad_flags_before_connecting():
+    result = invoke("update", "queue", "q1", "--max-gpu", "eight")
+    assert result.exit_code != 0
+    assert "--max-gpu: 'eight'" in result.output
+    result = invoke("update", "queue", "q1", "--cluster", "a", "--clear-cluster")
+    assert result.exit_code != 0
+    assert "contradict" in result.output
+
+
+def test_update_org_rejects_bad_flags_before_connecting():
+    result = invoke("update", "org", "--max-concurrent-runs", "many")
+    assert result.exit_code != 0
+    assert "--max-concurrent-runs: 'many'" in result.output
+    result = invoke("update", "org", "--submit-rate", "fast")
+    assert result.exit_code != 0
+    assert "--submit-rate: 'fast'" in result.output
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [
+        ("--cpu", "two", "--cpu: 'two'"),
+        ("--memory", "8 gigs", "--memory: '8 gigs'"),
+        ("--gpu", "H100-8", "--gpu: 'H100-8'"),
+    ],
+)
+def test_submit_rejects_bad_resources_before_connecting(flag, value, named):
+    result = invoke("submit", "--queue", "q", flag, value)
+    assert result.exit_code != 0
+    assert named in result.output
+    assert "cannot reach" not in result.output
+
+
+def test_unreachable_server_is_a_clear_error():
+    result = invoke("submit", "--queue", "q", "--cpu", "1")
+    assert result.exit_code != 0
+    assert f"cannot reach Temporal at {NOWHERE}" in result.output
+
+
+def test_server_start_refuses_a_taken_port(tmp_path: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = invoke(
+            "server", "start", "--data-dir", str(tmp_path), "--port", str(port),
+            "--ui-port", str(free_port()),
+        )
+    assert result.exit_code != 0
+    assert f"port {port} (--port) is already in use" in result.output
+    assert not (tmp_path / "temporal.db").exists()
+
+
+def test_up_refuses_a_taken_ui_port(tmp_path: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        ui = s.getsockname()[1]
+        result = invoke(
+            "up", "--data-dir", str(tmp_path), "--port", str(free_port()), "--ui-port", str(ui)
+        )
+    assert result.exit_code != 0
+    assert f"port {ui} (--ui-port) is already in use" in result.output
+
+
+def test_bundled_fleet_has_two_gpu_types_and_a_cpu_cluster():
+    fleet = load_fleet(None)
+    gpu_types = {
+        g.shape.gpu_type for c in fleet.clusters for g in c.node_groups if g.shape.gpu
+    }
+    assert gpu_types == {"H100", "H200"}
+    assert all(g.shape.gpu == 8 for c in fleet.clusters for g in c.node_groups if g.shape.gpu)
+    assert any(all(g.shape.gpu == 0 for g in c.node_groups) for c in fleet.clusters)
+
+
+def test_fleet_errors_name_file_field_and_value(tmp_path: Path):
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text(
+        "clusters:\n  - name: a\n    node_groups:\n"
+        "      - {name: g, count: 1, shape: {cpu: lots}}\n"
+    )
+    result = invoke("worker", "cluster", "--name", "a", "--fleet", str(bad))
+    assert result.exit_code != 0
+    assert str(bad) in result.output
+    assert "clusters[0].node_groups[0].shape.cpu: 'lots'" in result.output
+
+
+def test_queue_entry_round_trips():
+    entry = {
+        "name": "gpu-fast",
+        "priority": "high",
+        "algorithm": "strict",
+        "run_concurrency": 10,
+        "action_concurrency": 200,
+        "per_run_concurrency": None,
+        "depth": 10000,
+        "max_resources": {"cpu": "500m", "memory": "4Ti", "gpu": "H200:16"},
+        "clusters": ["gpu-h200"],
+        "status": "active",
+    }
+    spec = queue_from_entry(entry)
+    assert queue_to_entry(spec) == entry
+    assert spec.max_resources is not None and spec.max_resources.cpu == 500

