@@ -1,0 +1,924 @@
+"""The admission pass: one owner per shard, one pass, no locks.
+
+``Scheduler`` holds the whole picture of one shard in memory (every waiting action, every
+queue and quota, every cluster's free capacity node by node) and decides, in one
+deterministic pass over that snapshot, which actions start where. It does no I/O and
+reads no clock: the caller passes ``now``. The scheduler workflow and ``headway
+simulate`` drive this same class.
+
+One scheduling cycle, in phases (after Kueue's ``schedule``):
+
+1. order the queues: priority descending; among equals, the one whose next action was
+   submitted first; then by name;
+2. for each queue, filter clusters to its selector and to the healthy ones;
+3. for each waiting action, oldest first, check the gates in order (action, run and
+   per-run concurrency, ``max_resources``, the org envelope) - a failed gate is the
+   action's reason for this pass;
+4. find a cluster with room whose nodes fit every pod (best fit, all or nothing), in
+   placement order, that no hold or reservation forbids;
+5. admit (reserve counts and resources) or record the reason; a blocked head holds
+   (``strict``) or reserves (``backfill``/``easy``) capacity for the rest of the pass;
+6. repeat the pass until nothing more starts.
+
+Ordering (which action next) is kept apart from fitting (``fit.ClusterState``); a "no" is
+a ``Reason`` returned as data, never an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .fit import ClusterState, Runs, runs_of, sort_pods
+from .model import (
+    ActionSpec,
+    Algorithm,
+    ClusterSpec,
+    EnvironmentSpec,
+    OrgLimits,
+    QueueSpec,
+    QueueStatus,
+)
+from .reasons import Reason
+from .resources import Pod, Usage
+
+__all__ = ["Admitted", "NodeReport", "Scheduler"]
+
+_ZERO = Usage()
+
+
+class NodeReport(Protocol):
+    """What a capacity report says of one node (``protocol.NodeCapacity`` fits this)."""
+
+    name: str
+    cpu_m: int
+    memory: int
+    ephemeral_storage: int
+    gpu: int
+    gpu_type: str | None
+    free_cpu_m: int
+    free_memory: int
+    free_ephemeral_storage: int
+    free_gpu: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A decision to start an action: where, on which nodes, and why it had waited."""
+
+    action_id: str
+    cluster: str
+    nodes: tuple[str, ...]
+    reasons: tuple[str, ...]
+
+
+class _Action:
+    __slots__ = (
+        "charged",
+        "cluster",
+        "dkey",
+        "env",
+        "env_declared",
+        "est",
+        "est_end",
+        "id",
+        "inst",
+        "last",
+        "nodes",
+        "pods",
+        "queue",
+        "reasons",
+        "run",
+        "runs",
+        "seq",
+        "spec",
+        "start",
+        "state",
+        "submit",
+        "task",
+        "usage",
+    )
+
+    def __init__(self, spec: ActionSpec, dkey: int, pods: tuple[Pod, ...]) -> None:
+        self.spec = spec
+        self.id = spec.id
+        self.queue = spec.queue
+        self.run = spec.run_id
+        self.task = spec.task_id
+        self.seq = spec.seq
+        self.submit = spec.submit
+        self.pods = pods
+        self.runs = runs_of(pods)
+        self.dkey = dkey
+        self.usage = Usage.of(pods)
+        self.env = spec.environment
+        self.env_declared = False
+        self.state = "waiting"
+        self.reasons: list[str] = []
+        self.last: str | None = None
+        self.cluster: str | None = None
+        self.nodes: list[int] = []
+        self.start = 0.0
+        self.est: float | None = None
+        self.est_end: float | None = None
+        self.charged = False
+        self.inst: _EnvInstance | None = None
+
+    def note(self, reason: str) -> None:
+        if reason != self.last:
+            self.last = reason
+            if reason not in self.reasons:
+                self.reasons.append(reason)
+
+
+class _Queue:
+    __slots__ = ("blocked_head", "run_counts", "running", "spec", "usage", "waiting")
+
+    def __init__(self, spec: QueueSpec) -> None:
+        self.spec = spec
+        self.waiting: list[_Action] = []
+        self.running = 0
+        self.run_counts: dict[str, int] = {}
+        self.usage = Usage()
+        self.blocked_head: str | None = None
+
+
+class _EnvInstance:
+    __slots__ = (
+        "active",
+        "cluster",
+        "expires_at",
+        "nodes",
+        "pods",
+        "queue",
+        "running",
+        "runs",
+        "spec",
+        "usage",
+    )
+
+    def __init__(
+        self, spec: EnvironmentSpec, cluster: str, nodes: list[int], pods: tuple[Pod, ...], queue: str
+    ) -> None:
+        self.spec = spec
+        self.cluster = cluster
+        self.nodes = nodes
+        self.pods = pods
+        self.runs = runs_of(pods)
+        self.queue = queue
+        self.usage = Usage.of(pods)
+        self.active = 0
+        self.running: dict[str, _Action] = {}
+        self.expires_at: float | None = None
+
+
+class _Reservation:
+    __slots__ = ("extra", "head", "time")
+
+    def __init__(self, time: float, extra: ClusterState | None, head: str) -> None:
+        self.time = time
+        self.extra = extra
+        self.head = head
+
+
+class Scheduler:
+    """The whole state of one shard and the pass that decides over it.
+
+    Args:
+        clusters: the fleet known up front (node groups per cluster).
+        queues: initial queues.
+        org: the tenant's envelope.
+        environments: declared reusable environments.
+    """
+
+    def __init__(
+        self,
+        clusters: Sequence[ClusterSpec] = (),
+        queues: Sequence[QueueSpec] = (),
+        org: OrgLimits | None = None,
+        environments: Sequence[EnvironmentSpec] = (),
+    ) -> None:
+        self.clusters: dict[str, ClusterState] = {}
+        self.queues: dict[str, _Queue] = {}
+        self.org = org or OrgLimits()
+        self.env_specs: dict[str, EnvironmentSpec] = {e.name: e for e in environments}
+        self.envs: dict[str, _EnvInstance] = {}
+        self.actions: dict[str, _Action] = {}
+        self.on_cluster: dict[str, dict[str, _Action]] = {}
+        self.org_running = 0
+        self.org_run_counts: dict[str, int] = {}
+        self.run_accepted: dict[str, int] = {}
+        self.tokens: float | None = None
+        self.token_time = 0.0
+        self.history: dict[str, list[float]] = {}
+        self.undeclared_env: dict[str, dict[str, int]] = {}
+        self.unknown_capacity_passes = 0
+        self.passes = 0
+        self._admissions = 0
+        self._dkeys: dict[tuple[Pod, ...], int] = {}
+        self._could_hold: dict[tuple[int, int], bool] = {}
+        for c in clusters:
+            self.add_cluster(c)
+        for q in queues:
+            self.upsert_queue(q)
+        # per-pass scratch
+        self._holds: set[str] = set()
+        self._resv: dict[str, list[_Reservation]] = {}
+        self._infeasible: set[tuple[int, int]] = set()
+        self._feasible: dict[tuple[int, int], int] = {}
+
+    # ------------------------------------------------------------------ config
+
+    def add_cluster(self, spec: ClusterSpec) -> None:
+        """Add a cluster, or replace the spec of a known one (keeping what runs there)."""
+        old = self.clusters.get(spec.name)
+        c = ClusterState(spec, index=len(self.clusters) if old is None else old.index)
+        if old is not None:
+            c.healthy = old.healthy
+        self.clusters[spec.name] = c
+        self.on_cluster.setdefault(spec.name, {})
+        self._could_hold = {k: v for k, v in self._could_hold.items() if k[0] != c.index}
+        if old is not None:
+            self._retake(c)
+
+    def _retake(self, c: ClusterState) -> None:
+        for a in self.on_cluster.get(c.name, {}).values():
+            if a.nodes:
+                c.take(a.runs, a.nodes)
+        for inst in self.envs.values():
+            if inst.cluster == c.name and inst.nodes:
+                c.take(inst.runs, inst.nodes)
+
+    def set_cluster_health(self, name: str, healthy: bool) -> None:
+        """A down cluster takes no new work; what runs there runs on to its end."""
+        self._cluster(name).healthy = healthy
+
+    def report_capacity(
+        self, name: str, nodes: Sequence[NodeReport] | None, reflected: Iterable[str] = ()
+    ) -> None:
+        """Take a cluster worker's capacity report.
+
+        The report is the truth for the pods it counts; reservations it does not yet
+        reflect (admitted, pods not yet created) are subtracted again so they are neither
+        double counted nor leaked. ``nodes`` None means the worker cannot read nodes:
+        capacity unknown, and unknown means open.
+        """
+        c = self._cluster(name)
+        if nodes is None:
+            c.known = False
+            return
+        c.known = True
+        caps = [Pod(n.cpu_m, n.memory, n.ephemeral_storage, n.gpu, n.gpu_type) for n in nodes]
+        frees = [
+            Pod(n.free_cpu_m, n.free_memory, n.free_ephemeral_storage, n.free_gpu, n.gpu_type)
+            for n in nodes
+        ]
+        old_names = c.node_names
+        names = [n.name for n in nodes]
+        index = {n: i for i, n in enumerate(names)}
+        c.set_nodes(caps, frees, names)
+        self._could_hold = {k: v for k, v in self._could_hold.items() if k[0] != c.index}
+        done = set(reflected)
+        for a in self.on_cluster.get(name, {}).values():
+            if not a.nodes:
+                continue
+            remapped = [index.get(old_names[i], -1) if i < len(old_names) else -1 for i in a.nodes]
+            if a.id in done and all(i >= 0 for i in remapped):
+                a.nodes = remapped
+                continue
+            if all(i >= 0 for i in remapped):
+                a.nodes = remapped
+                c.take(a.runs, remapped)
+            else:
+                placed = c.place(a.runs, commit=True)
+                a.nodes = placed if placed is not None else []
+        for inst in self.envs.values():
+            if inst.cluster == name and inst.nodes:
+                remapped = [index.get(old_names[i], -1) if i < len(old_names) else -1 for i in inst.nodes]
+                inst.nodes = remapped if all(i >= 0 for i in remapped) else []
+
+    def upsert_queue(self, spec: QueueSpec) -> None:
+        """Create a queue or replace its policy. Never touches work in flight."""
+        _validate_queue(spec)
+        q = self.queues.get(spec.name)
+        if q is None:
+            self.queues[spec.name] = _Queue(spec)
+        else:
+            q.spec = spec
+
+    def update_queue(self, name: str, changes: Mapping[str, Any]) -> QueueSpec:
+        """Replace the fields ``changes`` gives (scenario-file notation; None unsets)."""
+        from .scenario import queue_changes  # local: scenario imports core's vocabulary
+
+        q = self.queues.get(name)
+        if q is None:
+            raise ValueError(f"queue: {name!r} does not exist")
+        spec = q.spec.with_changes(**queue_changes(changes, f"update_queue({name})"))
+        self.upsert_queue(spec)
+        return spec
+
+    def remove_queue(self, name: str) -> None:
+        q = self.queues.get(name)
+        if q is None:
+            raise ValueError(f"queue: {name!r} does not exist")
+        if q.waiting or q.running:
+            raise ValueError(f"queue: {name!r} still holds actions; drain it first")
+        del self.queues[name]
+
+    def set_org(self, org: OrgLimits) -> None:
+        self.org = org
+
+    def _cluster(self, name: str) -> ClusterState:
+        c = self.clusters.get(name)
+        if c is None:
+            raise ValueError(f"cluster: {name!r} is not in the fleet")
+        return c
+
+    # ------------------------------------------------------------------ actions
+
+    def _dkey(self, pods: tuple[Pod, ...]) -> int:
+        k = self._dkeys.get(pods)
+        if k is None:
+            k = self._dkeys[pods] = len(self._dkeys)
+        return k
+
+    def estimate(self, task: str, declared: float | None) -> float | None:
+        """Declared estimate, else the mean of the task's last two completed runs."""
+        if declared is not None:
+            return declared
+        h = self.history.get(task)
+        if not h:
+            return None
+        return sum(h) / len(h)
+
+    def _eligible(self, q: _Queue, healthy_only: bool = True) -> list[ClusterState]:
+        sel = q.spec.clusters
+        cs = (
+            self.clusters.values()
+            if sel is None
+            else [self.clusters[n] for n in sel if n in self.clusters]
+        )
+        return [c for c in cs if c.healthy or not healthy_only]
+
+    def _could(self, c: ClusterState, runs: Runs, dkey: int) -> bool:
+        k = (c.index, dkey)
+        v = self._could_hold.get(k)
+        if v is None:
+            v = self._could_hold[k] = c.could_hold(runs)
+        return v
+
+    def submit(self, action: ActionSpec, now: float) -> Reason | None:
+        """Enqueue an action. Returns None if accepted, else the rejection reason."""
+        q = self.queues.get(action.queue)
+        if q is None:
+            return Reason.UnknownQueue
+        if action.id in self.actions:
+            raise ValueError(f"action: {action.id!r} is already known")
+        spec = q.spec
+        if spec.status is not QueueStatus.active:
+            return Reason.QueueDraining
+        if spec.depth is not None and len(q.waiting) + q.running >= spec.depth:
+            return Reason.QueueDepthExceeded
+        rate = self.org.submit_rate
+        if rate is not None:
+            if self.tokens is None:
+                self.tokens = rate.burst
+            else:
+                self.tokens = min(rate.burst, self.tokens + (now - self.token_time) * rate.per_second)
+            self.token_time = now
+            if self.tokens < 1.0:
+                return Reason.RateLimited
+            self.tokens -= 1.0
+        run = action.run_id
+        cap = self.org.max_actions_per_run
+        if cap is not None and self.run_accepted.get(run, 0) >= cap:
+            return Reason.FanOutExceeded
+        pods = sort_pods(action.pods)
+        a = _Action(action, self._dkey(pods), pods)
+        env = self.env_specs.get(action.environment) if action.environment else None
+        a.env_declared = env is not None
+        if env is not None and action.environment not in self.envs:
+            check = sort_pods(env.footprint)
+        elif env is not None:
+            check = ()
+        else:
+            check = pods
+        if check:
+            ck = self._dkey(check)
+            mr = spec.max_resources
+            if mr is not None and mr.exceeded_by(_ZERO, Usage.of(check)):
+                return Reason.Unschedulable
+            cr = runs_of(check)
+            if not any(self._could(c, cr, ck) for c in self._eligible(q, healthy_only=False)):
+                return Reason.Unschedulable
+        self.run_accepted[run] = self.run_accepted.get(run, 0) + 1
+        self.actions[a.id] = a
+        w = q.waiting
+        if not w or (w[-1].submit, w[-1].seq) <= (a.submit, a.seq):
+            w.append(a)
+        else:
+            from bisect import insort
+
+            insort(w, a, key=lambda x: (x.submit, x.seq))
+        return None
+
+    def cancel(self, action_id: str, now: float) -> bool:
+        """Withdraw a waiting action, or release a running one. False if unknown."""
+        a = self.actions.get(action_id)
+        if a is None:
+            return False
+        if a.state == "waiting":
+            q = self.queues[a.queue]
+            q.waiting.remove(a)
+            del self.actions[action_id]
+            self._settle_status(q)
+            return True
+        self.finish(action_id, now, record=False)
+        return True
+
+    def finish(self, action_id: str, now: float, record: bool = True) -> None:
+        """A running action ended (any outcome): release it and learn its runtime."""
+        a = self.actions.get(action_id)
+        if a is None or a.state != "running":
+            return
+        del self.actions[action_id]
+        a.state = "done"
+        q = self.queues.get(a.queue)
+        c = self.clusters.get(a.cluster or "")
+        if a.inst is not None:
+            inst = a.inst
+            inst.active -= 1
+            inst.running.pop(a.id, None)
+            if inst.active == 0:
+                inst.expires_at = now + inst.spec.idle_ttl
+        elif a.nodes and c is not None:
+            c.give(a.runs, a.nodes)
+        if q is not None:
+            q.running -= 1
+            _dec(q.run_counts, a.run)
+            if a.charged:
+                q.usage.add(a.usage, -1)
+        self.org_running -= 1
+        _dec(self.org_run_counts, a.run)
+        if c is not None:
+            self.on_cluster[c.name].pop(a.id, None)
+        if a.env and not a.env_declared and a.cluster:
+            per = self.undeclared_env.get(a.env)
+            if per is not None:
+                _dec(per, a.cluster)
+                if not per:
+                    del self.undeclared_env[a.env]
+        if record:
+            h = self.history.setdefault(a.task, [])
+            h.append(now - a.start)
+            if len(h) > 2:
+                del h[0]
+        if q is not None:
+            self._settle_status(q)
+
+    def expire_environments(self, now: float) -> list[str]:
+        """Tear down idle environments whose ``idle_ttl`` has passed. Returns their names."""
+        gone = []
+        for name, inst in list(self.envs.items()):
+            if inst.active == 0 and inst.expires_at is not None and inst.expires_at <= now:
+                c = self.clusters.get(inst.cluster)
+                if c is not None and inst.nodes:
+                    c.give(inst.runs, inst.nodes)
+                q = self.queues.get(inst.queue)
+                if q is not None:
+                    q.usage.add(inst.usage, -1)
+                del self.envs[name]
+                gone.append(name)
+        return gone
+
+    def next_wakeup(self) -> float | None:
+        """The earliest time at which ``schedule`` must run again without an event."""
+        ts = [
+            i.expires_at for i in self.envs.values() if i.active == 0 and i.expires_at is not None
+        ]
+        return min(ts) if ts else None
+
+    def _settle_status(self, q: _Queue) -> None:
+        if q.spec.status is QueueStatus.draining and not q.waiting and q.running == 0:
+            q.spec = q.spec.with_changes(status=QueueStatus.drained)
+
+    # ------------------------------------------------------------------ the pass
+
+    def schedule(self, now: float) -> list[Admitted]:
+        """One scheduling cycle: passes until nothing more starts."""
+        self.expire_environments(now)
+        out: list[Admitted] = []
+        while self._pass(now, out):
+            pass
+        for q in self.queues.values():
+            self._settle_status(q)
+        return out
+
+    def _pass(self, now: float, out: list[Admitted]) -> int:
+        self.passes += 1
+        order = [q for q in self.queues.values() if q.waiting]
+        order.sort(
+            key=lambda q: (-q.spec.priority, q.waiting[0].submit, q.waiting[0].seq, q.spec.name)
+        )
+        self._holds = set()
+        self._resv = {}
+        self._infeasible = set()
+        self._feasible = {}
+        started = 0
+        for q in order:
+            started += self._visit(q, now, out)
+        return started
+
+    def _placement_order(self, cs: list[ClusterState], env: str | None) -> list[ClusterState]:
+        pref = self.undeclared_env.get(env) if env else None
+        return sorted(
+            cs,
+            key=lambda c: (
+                0 if pref and pref.get(c.name) else 1,
+                0 if c.known else 1,
+                -c.tgpu if c.known else 0,
+                -c.tcpu if c.known else 0,
+                c.name,
+            ),
+        )
+
+    def _gate(self, q: _Queue, a: _Action, demand: Usage) -> Reason | None:
+        spec = q.spec
+        if spec.action_concurrency is not None and q.running >= spec.action_concurrency:
+            return Reason.ActionConcurrency
+        rc = q.run_counts
+        if (
+            spec.run_concurrency is not None
+            and a.run not in rc
+            and len(rc) >= spec.run_concurrency
+        ):
+            return Reason.RunConcurrency
+        if spec.per_run_concurrency is not None and rc.get(a.run, 0) >= spec.per_run_concurrency:
+            return Reason.PerRunConcurrency
+        if spec.max_resources is not None and spec.max_resources.exceeded_by(q.usage, demand):
+            return Reason.MaxResources
+        org = self.org
+        if org.max_concurrent_actions is not None and self.org_running >= org.max_concurrent_actions:
+            return Reason.OrgConcurrentActions
+        if (
+            org.max_concurrent_runs is not None
+            and a.run not in self.org_run_counts
+            and len(self.org_run_counts) >= org.max_concurrent_runs
+        ):
+            return Reason.OrgConcurrentRuns
+        return None
+
+    def _visit(self, q: _Queue, now: float, out: list[Admitted]) -> int:
+        algo = q.spec.algorithm
+        strict = algo is Algorithm.strict
+        reserving = algo is Algorithm.backfill or algo is Algorithm.easy
+        elig = self._eligible(q)
+        ordered: list[ClusterState] | None = None
+        order_ver = -1
+        blocked = False
+        reserved = False
+        started = 0
+        keep: list[_Action] = []
+        q.blocked_head = None
+        holds = self._holds
+        resv = self._resv
+        infeasible = self._infeasible
+        feasible = self._feasible
+        for a in q.waiting:
+            inst = self.envs.get(a.env) if a.env_declared and a.env else None
+            if inst is not None:
+                demand = _ZERO
+                pods: tuple[Pod, ...] = ()
+                runs: Runs = ()
+            elif a.env_declared and a.env:
+                pods = sort_pods(self.env_specs[a.env].footprint)
+                runs = runs_of(pods)
+                demand = Usage.of(pods)
+            else:
+                pods = a.pods
+                runs = a.runs
+                demand = a.usage
+            r = self._gate(q, a, demand)
+            if r is not None:
+                a.note(r)
+                keep.append(a)
+                if strict and not blocked:
+                    blocked = True
+                    q.blocked_head = a.id
+                continue
+            # --- fitting
+            if inst is not None:
+                c = self.clusters.get(inst.cluster)
+                if c is None or c not in elig:
+                    r = Reason.NoClusterCapacity
+                elif blocked:
+                    r = Reason.HeldForGang
+                elif c.name in holds:
+                    r = Reason.HeldForGang
+                elif c.name in resv and self._allowed(a, now, resv[c.name], (), c) is None:
+                    r = Reason.BackfillWindow
+                elif inst.active >= inst.spec.slots:
+                    r = Reason.EnvironmentBusy
+                else:
+                    self._admit(q, a, c, [], inst, now, out)
+                    started += 1
+                    continue
+                a.note(r)
+                keep.append(a)
+                if strict and not blocked:
+                    blocked = True
+                    q.blocked_head = a.id
+                continue
+            pref = a.env if a.env and not a.env_declared and a.env in self.undeclared_env else None
+            if pref is not None:
+                order = self._placement_order(elig, pref)
+            else:
+                if ordered is None or order_ver != self._admissions:
+                    ordered = self._placement_order(elig, None)
+                    order_ver = self._admissions
+                order = ordered
+            dkey = a.dkey if not a.env_declared else self._dkey(pods)
+            room = False
+            first_block: Reason | None = None
+            chosen: ClusterState | None = None
+            nodes: list[int] | None = None
+            extras: list[ClusterState] = []
+            for c in order:
+                if c.known:
+                    ik = (c.index, dkey)
+                    if ik in infeasible:
+                        continue
+                    if feasible.get(ik) != c.version:
+                        if c.place(runs, commit=False) is None:
+                            infeasible.add(ik)
+                            continue
+                        feasible[ik] = c.version
+                room = True
+                if blocked:
+                    break
+                if c.name in holds:
+                    first_block = first_block or Reason.HeldForGang
+                    continue
+                rs = resv.get(c.name)
+                if rs:
+                    ex = self._allowed(a, now, rs, runs, c)
+                    if ex is None:
+                        first_block = first_block or Reason.BackfillWindow
+                        continue
+                    extras = ex
+                chosen = c
+                break
+            if chosen is not None:
+                if chosen.known:
+                    limit = extras[0] if extras else None
+                    nodes = chosen.place(runs, commit=True, limit=limit)
+                    assert nodes is not None
+                    for ex in extras:
+                        ex.take(runs, nodes)
+                else:
+                    nodes = []
+                new_inst = None
+                if a.env_declared and a.env:
+                    new_inst = _EnvInstance(self.env_specs[a.env], chosen.name, nodes, pods, q.spec.name)
+                    self.envs[a.env] = new_inst
+                    q.usage.add(new_inst.usage)
+                self._admit(q, a, chosen, nodes, new_inst, now, out)
+                started += 1
+                continue
+            keep.append(a)
+            if not room:
+                a.note(Reason.NoClusterCapacity)
+                if strict and not blocked:
+                    blocked = True
+                    q.blocked_head = a.id
+                    for c in elig:
+                        if c.known and self._could(c, runs, dkey):
+                            holds.add(c.name)
+                elif reserving and not reserved:
+                    reserved = True
+                    q.blocked_head = a.id
+                    self._reserve(a, runs, dkey, elig, now, algo is Algorithm.easy)
+            else:
+                a.note(first_block or Reason.HeldForGang)
+                if strict and not blocked:
+                    blocked = True
+                    q.blocked_head = a.id
+        if started:
+            q.waiting = keep
+        return started
+
+    def _admit(
+        self,
+        q: _Queue,
+        a: _Action,
+        c: ClusterState,
+        nodes: list[int],
+        inst: _EnvInstance | None,
+        now: float,
+        out: list[Admitted],
+    ) -> None:
+        a.state = "running"
+        a.cluster = c.name
+        a.start = now
+        a.est = self.estimate(a.task, a.spec.estimate)
+        a.est_end = now + a.est if a.est is not None else None
+        if inst is not None:
+            a.inst = inst
+            inst.active += 1
+            inst.running[a.id] = a
+            inst.expires_at = None
+            a.nodes = []
+        else:
+            a.nodes = nodes
+            a.charged = True
+            q.usage.add(a.usage)
+        q.running += 1
+        q.run_counts[a.run] = q.run_counts.get(a.run, 0) + 1
+        self.org_running += 1
+        self.org_run_counts[a.run] = self.org_run_counts.get(a.run, 0) + 1
+        self.on_cluster[c.name][a.id] = a
+        if a.env and not a.env_declared:
+            per = self.undeclared_env.setdefault(a.env, {})
+            per[c.name] = per.get(c.name, 0) + 1
+        if not c.known:
+            self.unknown_capacity_passes += 1
+        self._admissions += 1
+        names = c.node_names
+        out.append(
+            Admitted(
+                a.id,
+                c.name,
+                tuple(names[i] for i in a.nodes if i < len(names)),
+                tuple(a.reasons),
+            )
+        )
+
+    # --- holds and reservations -------------------------------------------------------
+
+    def _allowed(
+        self,
+        a: _Action,
+        now: float,
+        rs: list[_Reservation],
+        runs: Runs,
+        c: ClusterState,
+    ) -> list[ClusterState] | None:
+        """May ``a`` start on a cluster under reservations ``rs``?
+
+        Returns None if not; else the EASY extras it must use up (empty: none).
+        """
+        est = self.estimate(a.task, a.spec.estimate)
+        if est is None:
+            return None
+        end = now + est
+        need: list[ClusterState] = []
+        for r in rs:
+            if end <= r.time:
+                continue
+            if r.extra is None:
+                return None
+            need.append(r.extra)
+        if not need or not runs:
+            return need if runs else []
+        limit = need[0]
+        if len(need) > 1:
+            limit = limit.clone()
+            for other in need[1:]:
+                for i in range(len(limit.fcpu)):
+                    limit.fcpu[i] = min(limit.fcpu[i], other.fcpu[i])
+                    limit.fmem[i] = min(limit.fmem[i], other.fmem[i])
+                    limit.feph[i] = min(limit.feph[i], other.feph[i])
+                    limit.fgpu[i] = min(limit.fgpu[i], other.fgpu[i])
+        if c.place(runs, commit=False, limit=limit) is None:
+            return None
+        return need
+
+    def _release_time(self, a: _Action, now: float) -> float | None:
+        if a.est_end is None:
+            return None
+        return a.est_end if a.est_end > now else now
+
+    def _reserve(
+        self,
+        head: _Action,
+        runs: Runs,
+        dkey: int,
+        elig: list[ClusterState],
+        now: float,
+        easy: bool,
+    ) -> None:
+        best: tuple[float, ClusterState, ClusterState | None] | None = None
+        for c in self._placement_order(elig, head.env if not head.env_declared else None):
+            if not c.known or not self._could(c, runs, dkey):
+                continue
+            fit = self._earliest_fit(c, runs, now, easy)
+            if fit is None:
+                # A running action with no estimate: the reservation cannot be computed,
+                # so the head holds this cluster as under strict.
+                self._holds.add(c.name)
+                continue
+            t, extra = fit
+            if best is None or t < best[0]:
+                best = (t, c, extra)
+        if best is not None:
+            self._resv.setdefault(best[1].name, []).append(_Reservation(best[0], best[2], head.id))
+
+    def _earliest_fit(
+        self, c: ClusterState, runs: Runs, now: float, easy: bool
+    ) -> tuple[float, ClusterState | None] | None:
+        releases: list[tuple[float, int, Runs, list[int]]] = []
+        for a in self.on_cluster.get(c.name, {}).values():
+            t = self._release_time(a, now)
+            if t is None:
+                return None
+            if a.nodes:
+                releases.append((t, a.seq, a.runs, a.nodes))
+        for inst in self.envs.values():
+            if inst.cluster != c.name or not inst.nodes:
+                continue
+            if inst.active:
+                ends = [self._release_time(x, now) for x in inst.running.values()]
+                if any(e is None for e in ends):
+                    return None
+                t = max(e for e in ends if e is not None) + inst.spec.idle_ttl
+            else:
+                t = inst.expires_at if inst.expires_at is not None else now
+            releases.append((max(t, now), -1, inst.runs, inst.nodes))
+        releases.sort(key=lambda r: (r[0], r[1]))
+        proj = c.clone()
+        i = 0
+        n = len(releases)
+        while i < n:
+            t = releases[i][0]
+            while i < n and releases[i][0] == t:
+                proj.give(releases[i][2], releases[i][3])
+                i += 1
+            # The projection is scratch: with EASY, placing the head in it for real
+            # leaves exactly the extra it does not need.
+            if proj.place(runs, commit=easy) is not None:
+                return t, proj if easy else None
+        return None
+
+    # ------------------------------------------------------------------ introspection
+
+    def state(self, action_id: str) -> str | None:
+        a = self.actions.get(action_id)
+        return a.state if a is not None else None
+
+    def reason(self, action_id: str) -> str | None:
+        a = self.actions.get(action_id)
+        return a.last if a is not None and a.state == "waiting" else None
+
+    def reasons(self, action_id: str) -> list[str]:
+        a = self.actions.get(action_id)
+        return list(a.reasons) if a is not None else []
+
+    def waiting_count(self, queue: str) -> int:
+        q = self.queues.get(queue)
+        return len(q.waiting) if q else 0
+
+    def running_count(self, queue: str) -> int:
+        q = self.queues.get(queue)
+        return q.running if q else 0
+
+    def queue_stats(self) -> dict[str, dict[str, Any]]:
+        """Per queue: its policy, what waits and runs, its usage and a blocking head."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, q in self.queues.items():
+            reasons: dict[str, int] = {}
+            for a in q.waiting:
+                if a.last:
+                    reasons[a.last] = reasons.get(a.last, 0) + 1
+            out[name] = {
+                "spec": q.spec.to_dict(),
+                "waiting": len(q.waiting),
+                "running": q.running,
+                "runs": len(q.run_counts),
+                "usage": {
+                    "cpu_m": q.usage.cpu,
+                    "memory": q.usage.memory,
+                    "ephemeral_storage": q.usage.eph,
+                    "gpu": q.usage.gpu,
+                },
+                "blocked_head": q.blocked_head,
+                "waiting_by_reason": reasons,
+            }
+        return out
+
+
+def _dec(d: dict[str, int], k: str) -> None:
+    n = d.get(k, 0) - 1
+    if n <= 0:
+        d.pop(k, None)
+    else:
+        d[k] = n
+
+
+def _validate_queue(spec: QueueSpec) -> None:
+    if not spec.name or not isinstance(spec.name, str):
+        raise ValueError(f"name: {spec.name!r} is not a queue name")
+    for f in ("run_concurrency", "action_concurrency", "per_run_concurrency", "depth"):
+        v = getattr(spec, f)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ValueError(f"{f}: {v!r} must be a non-negative integer")

@@ -1,0 +1,313 @@
+"""Fitting: does a gang fit on a cluster, and on which nodes.
+
+Placement is best fit, largest pod first: each pod goes to the node with the least free
+GPU that holds it, then the least free CPU, then node order. Best fit keeps whole nodes
+free, so a later big pod or gang still finds one.
+
+Nodes with identical free vectors are interchangeable except for their order, so a
+cluster keeps them grouped by free vector; a placement scans groups, not nodes. A fleet
+of a thousand 1-CPU nodes is two groups (free, full), which is what makes simulating
+long traces cheap.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections.abc import Sequence
+
+from .model import ClusterSpec
+from .resources import Pod
+
+__all__ = ["ClusterState", "GroupKey", "Runs", "runs_of", "sort_pods"]
+
+# (free gpu, free cpu, free memory, free eph, gpu type of the node)
+GroupKey = tuple[int, int, int, int, str | None]
+# A gang as runs of identical pods, largest first: ((pod, count), ...)
+Runs = tuple[tuple[Pod, int], ...]
+
+
+def sort_pods(pods: Sequence[Pod]) -> tuple[Pod, ...]:
+    """Largest first (GPU, CPU, memory, ephemeral storage); ties keep declared order."""
+    return tuple(sorted(pods, key=lambda p: (-p.gpu, -p.cpu, -p.memory, -p.eph)))
+
+
+class ClusterState:
+    """Free capacity of one cluster, node by node, and best-fit placement over it."""
+
+    __slots__ = (
+        "cap",
+        "feph",
+        "fcpu",
+        "fgpu",
+        "fmem",
+        "groups",
+        "gtype",
+        "healthy",
+        "index",
+        "known",
+        "name",
+        "node_names",
+        "spec",
+        "tcpu",
+        "teph",
+        "tgpu",
+        "tmem",
+        "version",
+    )
+
+    def __init__(self, spec: ClusterSpec, index: int = 0) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.index = index
+        self.known = spec.reports_capacity
+        self.healthy = True
+        self.version = 0
+        self.node_names: list[str] = []
+        self.cap: list[Pod] = []
+        for g in spec.node_groups:
+            for i in range(g.count):
+                self.node_names.append(f"{g.name}-{i}")
+                self.cap.append(g.shape)
+        self._reset_free()
+
+    def _reset_free(self) -> None:
+        self.fcpu = [p.cpu for p in self.cap]
+        self.fmem = [p.memory for p in self.cap]
+        self.feph = [p.eph for p in self.cap]
+        self.fgpu = [p.gpu for p in self.cap]
+        self.gtype = [p.gpu_type for p in self.cap]
+        self._regroup()
+
+    def _regroup(self) -> None:
+        groups: dict[GroupKey, list[int]] = {}
+        for i in range(len(self.cap)):
+            groups.setdefault(self._key(i), []).append(i)
+        self.groups = groups
+        self.tcpu = sum(self.fcpu)
+        self.tmem = sum(self.fmem)
+        self.teph = sum(self.feph)
+        self.tgpu = sum(self.fgpu)
+
+    def _key(self, i: int) -> GroupKey:
+        return (self.fgpu[i], self.fcpu[i], self.fmem[i], self.feph[i], self.gtype[i])
+
+    def set_nodes(self, caps: Sequence[Pod], frees: Sequence[Pod], names: Sequence[str]) -> None:
+        """Replace the node list (a capacity report)."""
+        self.cap = list(caps)
+        self.node_names = list(names)
+        self.fcpu = [p.cpu for p in frees]
+        self.fmem = [p.memory for p in frees]
+        self.feph = [p.eph for p in frees]
+        self.fgpu = [p.gpu for p in frees]
+        self.gtype = [p.gpu_type for p in caps]
+        self._regroup()
+        self.version += 1
+
+    def clone(self) -> ClusterState:
+        """A scratch copy of the free state, for projections."""
+        c = ClusterState.__new__(ClusterState)
+        c.spec = self.spec
+        c.name = self.name
+        c.index = self.index
+        c.known = self.known
+        c.healthy = self.healthy
+        c.version = self.version
+        c.node_names = self.node_names
+        c.cap = self.cap
+        c.gtype = self.gtype
+        c.fcpu = self.fcpu[:]
+        c.fmem = self.fmem[:]
+        c.feph = self.feph[:]
+        c.fgpu = self.fgpu[:]
+        c.groups = {k: v[:] for k, v in self.groups.items()}
+        c.tcpu, c.tmem, c.teph, c.tgpu = self.tcpu, self.tmem, self.teph, self.tgpu
+        return c
+
+    # --- mutation ------------------------------------------------------------------
+
+    def _move(self, i: int, pod: Pod, m: int) -> None:
+        """Take ``m`` copies of ``pod`` from node ``i`` (negative ``m`` gives back)."""
+        old = (self.fgpu[i], self.fcpu[i], self.fmem[i], self.feph[i], self.gtype[i])
+        lst = self.groups[old]
+        if len(lst) == 1:
+            del self.groups[old]
+        else:
+            lst.remove(i)
+        dc, dm, de, dg = pod.cpu * m, pod.memory * m, pod.eph * m, pod.gpu * m
+        self.fcpu[i] -= dc
+        self.fmem[i] -= dm
+        self.feph[i] -= de
+        self.fgpu[i] -= dg
+        self.tcpu -= dc
+        self.tmem -= dm
+        self.teph -= de
+        self.tgpu -= dg
+        new = (self.fgpu[i], self.fcpu[i], self.fmem[i], self.feph[i], self.gtype[i])
+        g = self.groups.get(new)
+        if g is None:
+            self.groups[new] = [i]
+        else:
+            insort(g, i)
+
+    def _apply(self, runs: Runs, nodes: Sequence[int], sign: int) -> None:
+        k = 0
+        n_nodes = len(self.fcpu)
+        for pod, n in runs:
+            j = k
+            end = k + n
+            while j < end:
+                i = nodes[j]
+                m = 1
+                while j + m < end and nodes[j + m] == i:
+                    m += 1
+                if 0 <= i < n_nodes:
+                    self._move(i, pod, sign * m)
+                j += m
+            k = end
+
+    def take(self, runs: Runs, nodes: Sequence[int]) -> None:
+        """Reserve a gang on ``nodes`` (as returned by ``place``)."""
+        self._apply(runs, nodes, 1)
+        self.version += 1
+
+    def give(self, runs: Runs, nodes: Sequence[int]) -> None:
+        """Release a gang from ``nodes``."""
+        self._apply(runs, nodes, -1)
+        self.version += 1
+
+    # --- fitting -------------------------------------------------------------------
+
+    def could_hold(self, runs: Runs) -> bool:
+        """Would the gang fit on this cluster if it were empty (node shapes only)?"""
+        if not self.known:
+            return True
+        empty = self.clone()
+        empty.fcpu = [p.cpu for p in self.cap]
+        empty.fmem = [p.memory for p in self.cap]
+        empty.feph = [p.eph for p in self.cap]
+        empty.fgpu = [p.gpu for p in self.cap]
+        empty._regroup()
+        return empty.place(runs, commit=False) is not None
+
+    def place(
+        self, runs: Runs, commit: bool = True, limit: ClusterState | None = None
+    ) -> list[int] | None:
+        """Best-fit placement of a gang, given as runs of identical pods, largest first.
+
+        Returns the node index of each pod (in run order), or None if the whole gang does
+        not fit. With ``commit`` the capacity is taken; otherwise the state is left as it
+        was. ``limit`` is a second state (EASY's extra): a pod must fit both on its node.
+
+        Best fit places identical pods one after another on the tightest node that holds
+        them, and a node that took one stays the tightest until it is full, so a run is
+        placed node by node, filling each, in (free GPU, free CPU, node order) order.
+        """
+        need_cpu = need_mem = need_eph = need_gpu = 0
+        for p, n in runs:
+            need_cpu += p.cpu * n
+            need_mem += p.memory * n
+            need_eph += p.eph * n
+            need_gpu += p.gpu * n
+        if (
+            need_cpu > self.tcpu
+            or need_mem > self.tmem
+            or need_eph > self.teph
+            or need_gpu > self.tgpu
+        ):
+            return None
+        if not commit and limit is None and len(runs) == 1:
+            # Feasibility of identical pods is a count: no need to pick nodes.
+            p, n = runs[0]
+            total = 0
+            for (fg, fc, fm, fe, gt), idxs in self.groups.items():
+                if p.gpu and p.gpu_type is not None and gt != p.gpu_type:
+                    continue
+                k = _count(fg, fc, fm, fe, p, n)
+                if k:
+                    total += k * len(idxs)
+                    if total >= n:
+                        return []
+            return None
+        moves: list[tuple[int, Pod, int]] = []
+        out: list[int] = []
+        for p, n in runs:
+            got = self._place_run(p, n, limit, moves)
+            if got is None:
+                for i, q, m in reversed(moves):
+                    self._move(i, q, -m)
+                return None
+            out.extend(got)
+        if commit:
+            self.version += 1
+        else:
+            for i, q, m in reversed(moves):
+                self._move(i, q, -m)
+        return out
+
+    def _place_run(
+        self, p: Pod, n: int, limit: ClusterState | None, moves: list[tuple[int, Pod, int]]
+    ) -> list[int] | None:
+        cands: list[tuple[int, int, list[int], int]] = []
+        total = 0
+        for (fg, fc, fm, fe, gt), idxs in self.groups.items():
+            if p.gpu and p.gpu_type is not None and gt != p.gpu_type:
+                continue
+            k = _count(fg, fc, fm, fe, p, n)
+            if k:
+                cands.append((fg, fc, idxs, k))
+                total += k * len(idxs)
+        if total < n:
+            return None
+        cands.sort(key=lambda c: (c[0], c[1], c[2][0]))
+        out: list[int] = []
+        remaining = n
+        j = 0
+        while j < len(cands) and remaining > 0:
+            fg, fc = cands[j][0], cands[j][1]
+            block = [cands[j]]
+            j += 1
+            while j < len(cands) and cands[j][0] == fg and cands[j][1] == fc:
+                block.append(cands[j])
+                j += 1
+            if len(block) == 1:
+                seq = [(i, block[0][3]) for i in block[0][2][: remaining if limit is None else None]]
+            else:
+                seq = sorted((i, k) for _, _, idxs, k in block for i in idxs)
+            for i, k in seq:
+                if limit is not None:
+                    k = _count(limit.fgpu[i], limit.fcpu[i], limit.fmem[i], limit.feph[i], p, k)
+                    if not k:
+                        continue
+                m = k if k < remaining else remaining
+                self._move(i, p, m)
+                moves.append((i, p, m))
+                out.extend([i] * m)
+                remaining -= m
+                if not remaining:
+                    break
+        return out if not remaining else None
+
+
+def _count(fg: int, fc: int, fm: int, fe: int, p: Pod, n: int) -> int:
+    """How many copies of ``p`` (at most ``n``) fit in a node with this much free."""
+    k = n
+    if p.gpu:
+        k = min(k, fg // p.gpu)
+    if p.cpu:
+        k = min(k, fc // p.cpu)
+    if p.memory:
+        k = min(k, fm // p.memory)
+    if p.eph:
+        k = min(k, fe // p.eph)
+    return k
+
+
+def runs_of(pods: Sequence[Pod]) -> Runs:
+    """Group consecutive identical pods: ``(pod, count)`` runs."""
+    out: list[tuple[Pod, int]] = []
+    for p in pods:
+        if out and out[-1][0] == p:
+            out[-1] = (p, out[-1][1] + 1)
+        else:
+            out.append((p, 1))
+    return tuple(out)

@@ -1,0 +1,341 @@
+"""``headway simulate``: the scheduling review, on a simulated clock.
+
+The simulator is a discrete-event loop around the very same ``Scheduler`` the scheduler
+workflow runs; nothing here decides anything. At each instant it applies, in order:
+completions, environment expiries, ``events:`` entries (file order), submissions (file
+order), then a scheduling cycle; zero-duration actions started by that cycle complete at
+the same instant, in a new round after it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .core import Scheduler
+from .model import ActionSpec, ClusterSpec, NodeGroup, QueueSpec
+from .reasons import Reason
+from .resources import Pod
+from .scenario import Scenario, WorkItem
+
+__all__ = ["SimResult", "load_swf", "render_json", "simulate", "summary_text"]
+
+
+@dataclass
+class _Rec:
+    item: WorkItem
+    start: float | None = None
+    end: float | None = None
+    cluster: str | None = None
+    status: str = "pending"
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SimResult:
+    """The result document (see simulate.md, "Result (JSON)")."""
+
+    doc: dict[str, Any]
+
+
+def _percentile(xs: Sequence[float], p: float) -> float:
+    s = sorted(xs)
+    h = (len(s) - 1) * p
+    lo = math.floor(h)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (h - lo) * (s[hi] - s[lo])
+
+
+def simulate(sc: Scenario, seed: int = 0, skipped: int = 0) -> SimResult:
+    """Run a scenario to its end and build the result document.
+
+    ``seed`` is accepted for the CLI contract; the core is deterministic and the
+    scenario fully specified, so nothing here draws random numbers.
+    """
+    del seed
+    sched = Scheduler(sc.clusters, sc.queues, sc.org, sc.environments)
+    recs = [_Rec(w) for w in sc.workload]
+    by_id = {r.item.spec.id: r for r in recs}
+    subs = sorted(range(len(recs)), key=lambda i: (recs[i].item.spec.submit, i))
+    evs = sorted(range(len(sc.events)), key=lambda i: (sc.events[i][0], i))
+    si = ei = 0
+    ends: list[tuple[float, int, str]] = []  # (end time, seq, id)
+    seq_of = {r.item.spec.id: i for i, r in enumerate(recs)}
+    while True:
+        cands = []
+        if si < len(subs):
+            cands.append(recs[subs[si]].item.spec.submit)
+        if ei < len(evs):
+            cands.append(sc.events[evs[ei]][0])
+        if ends:
+            cands.append(ends[0][0])
+        wake = sched.next_wakeup()
+        if wake is not None:
+            cands.append(wake)
+        if not cands:
+            break
+        now = min(cands)
+        first = True
+        while True:
+            done = []
+            while ends and ends[0][0] <= now:
+                done.append(heapq.heappop(ends))
+            for _, _, aid in done:
+                sched.finish(aid, now)
+            sched.expire_environments(now)
+            if first:
+                while ei < len(evs) and sc.events[evs[ei]][0] <= now:
+                    _apply_event(sched, sc.events[evs[ei]])
+                    ei += 1
+                while si < len(subs) and recs[subs[si]].item.spec.submit <= now:
+                    r = recs[subs[si]]
+                    si += 1
+                    rej = sched.submit(r.item.spec, now)
+                    if rej is not None:
+                        r.status = "rejected"
+                        r.reasons = [str(rej)]
+            elif not done:
+                break
+            first = False
+            for adm in sched.schedule(now):
+                r = by_id[adm.action_id]
+                r.start = now
+                r.cluster = adm.cluster
+                r.reasons = list(adm.reasons)
+                r.status = "succeeded"
+                r.end = now + r.item.duration
+                heapq.heappush(ends, (r.end, seq_of[adm.action_id], adm.action_id))
+            if not (ends and ends[0][0] <= now):
+                break
+    for r in recs:
+        if r.status == "pending":
+            r.reasons = sched.reasons(r.item.spec.id)
+    return SimResult(_result(sc, recs, sched, skipped))
+
+
+def _apply_event(sched: Scheduler, ev: tuple[float, str, Any]) -> None:
+    _, kind, arg = ev
+    if kind == "update_queue":
+        name, fields = arg
+        q = sched.queues[name]
+        sched.upsert_queue(q.spec.with_changes(**fields))
+    elif kind == "cluster_down":
+        sched.set_cluster_health(arg, False)
+    elif kind == "cluster_up":
+        sched.set_cluster_health(arg, True)
+
+
+def _num(x: float) -> float | int:
+    return x
+
+
+def _result(sc: Scenario, recs: list[_Rec], sched: Scheduler, skipped: int) -> dict[str, Any]:
+    actions = []
+    for r in recs:
+        s = r.item.spec
+        actions.append(
+            {
+                "id": s.id,
+                "run": s.run_id,
+                "queue": s.queue,
+                "submit": s.submit,
+                "start": r.start,
+                "end": r.end,
+                "cluster": r.cluster,
+                "status": r.status,
+                "reasons": r.reasons,
+            }
+        )
+    queues: dict[str, Any] = {}
+    for q in sc.queues:
+        mine = [r for r in recs if r.item.spec.queue == q.name]
+        waits = [r.start - r.item.spec.submit for r in mine if r.start is not None]
+        queues[q.name] = {
+            "admitted": len(waits),
+            "rejected": sum(1 for r in mine if r.status == "rejected"),
+            "pending": sum(1 for r in mine if r.status == "pending"),
+            "wait_p50": _percentile(waits, 0.5) if waits else None,
+            "wait_p95": _percentile(waits, 0.95) if waits else None,
+            "wait_max": max(waits) if waits else None,
+        }
+    started = [r for r in recs if r.start is not None]
+    first_submit = min((r.item.spec.submit for r in recs), default=None)
+    last_end = max((r.end for r in started if r.end is not None), default=None)
+    span = (last_end - first_submit) if last_end is not None and first_submit is not None else None
+    totals = {"cpu": 0, "memory": 0, "gpu": 0, "ephemeral_storage": 0}
+    for c in sc.clusters:
+        for g in c.node_groups:
+            totals["cpu"] += g.shape.cpu * g.count
+            totals["memory"] += g.shape.memory * g.count
+            totals["gpu"] += g.shape.gpu * g.count
+            totals["ephemeral_storage"] += g.shape.eph * g.count
+    used = {"cpu": 0.0, "memory": 0.0, "gpu": 0.0, "ephemeral_storage": 0.0}
+    for r in started:
+        d = r.item.duration
+        for p in r.item.spec.pods:
+            used["cpu"] += p.cpu * d
+            used["memory"] += p.memory * d
+            used["gpu"] += p.gpu * d
+            used["ephemeral_storage"] += p.eph * d
+    util: dict[str, float | None] = {}
+    for k in ("cpu", "memory", "gpu", "ephemeral_storage"):
+        if totals[k] == 0:
+            util[k] = None
+        elif not span:
+            util[k] = 0.0
+        else:
+            util[k] = used[k] / (totals[k] * span)
+    waits = [r.start - r.item.spec.submit for r in started if r.start is not None]
+    slow = [
+        max(1.0, ((r.start - r.item.spec.submit) + r.item.duration) / max(r.item.duration, 10.0))
+        for r in started
+        if r.start is not None
+    ]
+    return {
+        "actions": actions,
+        "queues": queues,
+        "utilization": util,
+        "summary": {
+            "actions": len(recs),
+            "skipped": skipped,
+            "first_submit": first_submit,
+            "last_end": last_end,
+            "makespan": span,
+            "mean_wait": sum(waits) / len(waits) if waits else None,
+            "wait_max": max(waits) if waits else None,
+            "mean_bounded_slowdown": sum(slow) / len(slow) if slow else None,
+            "unknown_capacity_passes": sched.unknown_capacity_passes,
+        },
+    }
+
+
+def render_json(res: SimResult) -> str:
+    """The result as JSON text: same input, byte-identical output."""
+    return json.dumps(res.doc, indent=2, sort_keys=False) + "\n"
+
+
+def summary_text(res: SimResult) -> str:
+    """A short human summary: per queue admitted and waits; utilization."""
+    d = res.doc
+    lines = []
+    s = d["summary"]
+    lines.append(
+        f"{s['actions']} actions ({s['skipped']} skipped), makespan {_fmt(s['makespan'])} s,"
+        f" mean wait {_fmt(s['mean_wait'])} s, mean bounded slowdown"
+        f" {_fmt(s['mean_bounded_slowdown'])}"
+    )
+    lines.append(f"{'queue':<20} {'admitted':>8} {'rejected':>8} {'pending':>8} {'p50':>10} {'p95':>10} {'max':>10}")
+    for name, q in d["queues"].items():
+        lines.append(
+            f"{name:<20} {q['admitted']:>8} {q['rejected']:>8} {q['pending']:>8}"
+            f" {_fmt(q['wait_p50']):>10} {_fmt(q['wait_p95']):>10} {_fmt(q['wait_max']):>10}"
+        )
+    u = d["utilization"]
+    lines.append(
+        "utilization: "
+        + ", ".join(f"{k} {v:.1%}" if v is not None else f"{k} n/a" for k, v in u.items())
+    )
+    if s["unknown_capacity_passes"]:
+        lines.append(f"unknown-capacity admissions: {s['unknown_capacity_passes']}")
+    return "\n".join(lines)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+# --------------------------------------------------------------------------- SWF
+
+
+class SwfError(ValueError):
+    pass
+
+
+def load_swf(
+    text: str, algorithm: str, estimates: str = "requested", source: str = "<swf>"
+) -> tuple[Scenario, int]:
+    """Build a scenario from a Standard Workload Format trace.
+
+    Returns the scenario and the number of skipped jobs.
+    """
+    from .model import Algorithm
+
+    if algorithm not in Algorithm.__members__:
+        raise SwfError(f"--algorithm: {algorithm!r} is not one of strict, greedy, backfill, easy")
+    if estimates not in ("requested", "actual", "history"):
+        raise SwfError(f"--estimates: {estimates!r} is not one of requested, actual, history")
+    max_procs: int | None = None
+    jobs: list[tuple[int, list[str]]] = []
+    for ln, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith(";"):
+            body = s[1:].strip()
+            if body.lower().startswith("maxprocs:"):
+                try:
+                    max_procs = int(body.split(":", 1)[1].strip())
+                except ValueError as exc:
+                    raise SwfError(f"{source}:{ln}: MaxProcs: {body!r} is not an integer") from exc
+            continue
+        f = s.split()
+        if len(f) < 18:
+            raise SwfError(f"{source}:{ln}: expected 18 fields, got {len(f)}: {s[:60]!r}")
+        jobs.append((ln, f))
+
+    def num(f: list[str], i: int, ln: int) -> float:
+        try:
+            return float(f[i - 1])
+        except ValueError as exc:
+            raise SwfError(f"{source}:{ln}: field {i}: {f[i - 1]!r} is not a number") from exc
+
+    parsed = []
+    for ln, f in jobs:
+        procs = int(num(f, 5, ln))
+        if procs <= 0:
+            procs = int(num(f, 8, ln))
+        parsed.append((ln, f, procs, num(f, 4, ln)))
+    if max_procs is None:
+        max_procs = max((p for _, _, p, d in parsed if d >= 0 and p > 0), default=0)
+    work: list[WorkItem] = []
+    skipped = 0
+    for ln, f, procs, dur in parsed:
+        if dur < 0 or procs <= 0 or procs > max_procs:
+            skipped += 1
+            continue
+        jid = f[0]
+        req = num(f, 9, ln)
+        user = f[11]
+        if estimates == "requested":
+            est: float | None = req if req > 0 else dur
+        elif estimates == "actual":
+            est = dur
+        else:
+            est = None
+        spec = ActionSpec(
+            id=jid,
+            queue="swf",
+            pods=(Pod(cpu=1000),) * procs,
+            run=jid,
+            task=f"user-{user}" if estimates == "history" else jid,
+            submit=num(f, 2, ln),
+            seq=len(work),
+            estimate=est,
+        )
+        work.append(WorkItem(spec, dur, ln))
+    cluster = ClusterSpec("swf", (NodeGroup("node", max_procs, Pod(cpu=1000)),))
+    queue = QueueSpec("swf", algorithm=Algorithm(algorithm))
+    return Scenario([cluster], [queue], _org_none(), [], work, []), skipped
+
+
+def _org_none() -> Any:
+    from .model import OrgLimits
+
+    return OrgLimits()
+
+
+_ = Reason  # re-exported vocabulary for result readers
