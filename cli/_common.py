@@ -87,8 +87,20 @@ def with_client(
     """Connect, run ``body(client)`` and return its result, on a loop of its own."""
 
     async def go() -> T:
+        from temporalio.client import WorkflowQueryFailedError, WorkflowUpdateFailedError
+        from temporalio.service import RPCError
+
         client = await (connect_retrying(cfg, retry_s) if retry_s else connect(cfg))
-        return await body(client)
+        try:
+            return await body(client)
+        except WorkflowUpdateFailedError as exc:
+            # The scheduler's validators name the field and the value; show just that.
+            cause = exc.cause
+            raise click.ClickException(str(getattr(cause, "message", cause) or exc)) from exc
+        except WorkflowQueryFailedError as exc:
+            raise click.ClickException(f"query failed: {exc}") from exc
+        except RPCError as exc:
+            raise click.ClickException(f"Temporal at {cfg.address}: {exc.message}") from exc
 
     return run(go())
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import IO
 
 import click
+from headway.scheduler.model import OrgLimits
 
-from ._common import cluster_names, load_fleet
+from ._common import Fleet, cluster_names, load_fleet
 from .server import check_ports, server_argv, wait_for_port
 
 __all__ = ["Child", "Stack", "running_stack"]
@@ -153,23 +154,33 @@ def running_stack(
 
 
 async def wait_ready(
-    stack: Stack, clusters: list[str], namespace: str = "default", timeout_s: float = 90.0
+    stack: Stack,
+    fleet: Fleet,
+    *,
+    tenant: str = "default",
+    namespace: str = "default",
+    timeout_s: float = 90.0,
 ) -> None:
-    """Wait until the control plane and every cluster worker poll their task queues.
+    """Wait until the control plane and every cluster worker poll their task queues, then
+    start the tenant's scheduler with the fleet and create the fleet's queues it lacks.
 
     Raises :class:`click.ClickException` with the failing child's log if one exits first.
     """
     import asyncio
 
     from headway import protocol
+    from headway.workflows import client as hw
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
     from temporalio.client import Client
 
+    from .queues import fetch_queues
+
     client = await Client.connect(stack.address, namespace=namespace)
     wanted = [(protocol.CONTROL_TASK_QUEUE, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)] + [
-        (protocol.cluster_task_queue(c), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY) for c in clusters
+        (protocol.cluster_task_queue(c.name), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+        for c in fleet.clusters
     ]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -194,3 +205,13 @@ async def wait_ready(
                 f"no worker polls task queue {queue!r} yet; see {stack.data_dir / 'logs'}"
             )
         await asyncio.sleep(0.2)
+
+    # Queues changed live since an earlier `up` keep their changes: only missing ones are
+    # created from the file.
+    await hw.ensure_scheduler(client, tenant, list(fleet.clusters))
+    existing = await fetch_queues(client, tenant)
+    for spec in fleet.queues:
+        if spec.name not in existing:
+            await hw.upsert_queue(client, tenant, spec.to_dict(), list(fleet.clusters))
+    if fleet.org != OrgLimits():
+        await hw.set_org(client, tenant, fleet.org.to_dict())

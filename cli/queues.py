@@ -107,21 +107,18 @@ def _checked(entry: Mapping[str, Any]) -> QueueSpec:
         raise click.BadParameter(msg) from None
 
 
-def _queue_dicts(result: Any) -> list[dict[str, Any]]:
-    """The queue dicts in whatever ``get_queues`` returned (a list or {"queues": [...]})."""
-    if isinstance(result, Mapping):
-        result = result.get("queues", [])
-    return [dict(q) for q in result]
-
-
-async def _fetch_queues(client: Client, cfg: Settings) -> list[dict[str, Any]]:
+async def fetch_queues(client: Client, tenant: str) -> dict[str, dict[str, Any]]:
+    """Per queue: ``{"spec": QueueSpec.to_dict(), "waiting": ..., "running": ...}``; empty
+    while the tenant's scheduler has not started (no queue exists yet)."""
     from headway.workflows import client as hw
+    from temporalio.service import RPCError, RPCStatusCode
 
-    return _queue_dicts(await hw.get_queues(client, cfg.tenant))
-
-
-def _find(queues: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
-    return next((q for q in queues if q.get("name") == name), None)
+    try:
+        return await hw.get_queues(client, tenant)
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return {}
+        raise
 
 
 # --- create / update / get groups -------------------------------------------------------
@@ -154,8 +151,7 @@ def create_queue(ctx: click.Context, /, name: str, **flags: Any) -> None:
     async def go(client: Client) -> None:
         from headway.workflows import client as hw
 
-        await hw.ensure_scheduler(client, cfg.tenant, None)
-        if _find(await _fetch_queues(client, cfg), name) is not None:
+        if name in await fetch_queues(client, cfg.tenant):
             raise click.ClickException(
                 f"queue {name!r} already exists; change it with `headway update queue {name}`"
             )
@@ -183,10 +179,10 @@ def update_queue(
     async def go(client: Client) -> bool:
         from headway.workflows import client as hw
 
-        current = _find(await _fetch_queues(client, cfg), name)
+        current = (await fetch_queues(client, cfg.tenant)).get(name)
         if current is None:
             raise click.ClickException(f"queue {name!r} does not exist (see `headway get queues`)")
-        old = QueueSpec.from_dict(current)
+        old = QueueSpec.from_dict(current["spec"])
         entry = _apply_flags(queue_to_entry(old), flags)
         if clear_cluster:
             entry["clusters"] = None
@@ -196,7 +192,9 @@ def update_queue(
         if new.name != name:
             raise click.BadParameter(f"name: a queue cannot be renamed ({name!r} -> {new.name!r})")
         before, after = old.to_dict(), new.to_dict()
-        changes = {k: v for k, v in after.items() if k != "name" and before.get(k) != v}
+        # The update takes the changed fields in the file notation (None unsets a knob).
+        human = queue_to_entry(new)
+        changes = {k: human[k] for k, v in after.items() if k != "name" and before.get(k) != v}
         if changes:
             await hw.update_queue(client, cfg.tenant, name, changes)
         return bool(changes)
@@ -237,13 +235,13 @@ def _output_option(f: F) -> F:
 def get_queues(ctx: click.Context, output: str) -> None:
     """List the tenant's queues with their policy."""
     cfg = settings(ctx)
-    queues = with_client(cfg, lambda c: _fetch_queues(c, cfg))
+    queues = with_client(cfg, lambda c: fetch_queues(c, cfg.tenant))
     entries = [
         {
-            **queue_to_entry(QueueSpec.from_dict(q)),
-            **{k: v for k, v in q.items() if k not in QUEUE_FIELDS},
+            **queue_to_entry(QueueSpec.from_dict(q["spec"])),
+            **{k: v for k, v in q.items() if k != "spec"},
         }
-        for q in queues
+        for q in queues.values()
     ]
     if output == "json":
         click.echo(json.dumps(entries, indent=2))

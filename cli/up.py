@@ -59,7 +59,8 @@ def up(
     cluster, until Ctrl-C (or SIGTERM) stops them all."""
     cfg = settings(ctx)
     directory = resolve_data_dir(data_dir)
-    clusters = cluster_names(load_fleet(fleet_path))
+    fleet = load_fleet(fleet_path)
+    clusters = cluster_names(fleet)
     stopping: list[int] = []
     started = False
 
@@ -80,7 +81,7 @@ def up(
             database_url=database_url or default_database_url(directory),
             tenant=cfg.tenant,
         ) as stack:
-            run(wait_ready(stack, clusters, cfg.namespace))
+            run(wait_ready(stack, fleet, tenant=cfg.tenant, namespace=cfg.namespace))
             started = True
             click.echo(f"Headway is up. Temporal at {stack.address}", err=True)
             if stack.ui_url:

@@ -4,6 +4,7 @@ long-running worker, each until SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -29,6 +30,9 @@ __all__ = ["worker"]
 async def _serve(cfg: Settings, body: Callable[[Client, asyncio.Event], Awaitable[None]]) -> None:
     """Connect (waiting for a server that is still starting) and run ``body`` until a
     signal sets the stop event it receives."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     client = await connect_retrying(cfg, timeout_s=120.0)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -71,7 +75,9 @@ def control_plane(ctx: click.Context, fleet_path: str | None, database_url: str 
     from headway.worker.control_plane import run_control_plane_worker
 
     async def body(client: Client, stop: asyncio.Event) -> None:
-        await run_control_plane_worker(client, database_url=database_url, fleet=fleet, stop=stop)
+        await run_control_plane_worker(
+            client, database_url=database_url, fleet=list(fleet.clusters), stop=stop
+        )
 
     run(_serve(cfg, body))
 

@@ -827,13 +827,18 @@ class Scheduler:
     def _earliest_fit(
         self, c: ClusterState, runs: Runs, now: float, easy: bool
     ) -> tuple[float, ClusterState | None] | None:
-        releases: list[tuple[float, int, Runs, list[int]]] = []
+        """When would ``runs`` fit on ``c``, as running work ends by its estimates?
+
+        Returns (time, EASY's projected extra or None), or None if it cannot be computed
+        (a running action with no estimate) or never fits.
+        """
+        releases: list[tuple[float, int, Runs, list[int], Usage]] = []
         for a in self.on_cluster.get(c.name, {}).values():
             t = self._release_time(a, now)
             if t is None:
                 return None
             if a.nodes:
-                releases.append((t, a.seq, a.runs, a.nodes))
+                releases.append((t, a.seq, a.runs, a.nodes, a.usage))
         for inst in self.envs.values():
             if inst.cluster != c.name or not inst.nodes:
                 continue
@@ -844,16 +849,33 @@ class Scheduler:
                 t = max(e for e in ends if e is not None) + inst.spec.idle_ttl
             else:
                 t = inst.expires_at if inst.expires_at is not None else now
-            releases.append((max(t, now), -1, inst.runs, inst.nodes))
+            releases.append((max(t, now), -1, inst.runs, inst.nodes, inst.usage))
         releases.sort(key=lambda r: (r[0], r[1]))
-        proj = c.clone()
+        need = Usage()
+        for p, k in runs:
+            need.add_pod(p.scaled(k))
+        fcpu, fmem, feph, fgpu = c.tcpu, c.tmem, c.teph, c.tgpu
+        proj: ClusterState | None = None
+        applied = 0
         i = 0
         n = len(releases)
         while i < n:
             t = releases[i][0]
             while i < n and releases[i][0] == t:
-                proj.give(releases[i][2], releases[i][3])
+                u = releases[i][4]
+                fcpu += u.cpu
+                fmem += u.memory
+                feph += u.eph
+                fgpu += u.gpu
                 i += 1
+            # Totals are necessary for a fit: only then is it worth placing pod by pod.
+            if fcpu < need.cpu or fmem < need.memory or feph < need.eph or fgpu < need.gpu:
+                continue
+            if proj is None:
+                proj = c.clone()
+            while applied < i:
+                proj.give(releases[applied][2], releases[applied][3])
+                applied += 1
             # The projection is scratch: with EASY, placing the head in it for real
             # leaves exactly the extra it does not need.
             if proj.place(runs, commit=easy) is not None:

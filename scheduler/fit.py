@@ -149,10 +149,51 @@ class ClusterState:
         else:
             insort(g, i)
 
+    def _shift(self, nodes: Sequence[int], pod: Pod, m: int) -> None:
+        """Take ``m`` copies of ``pod`` from each of ``nodes`` at once.
+
+        Nodes that shared a free vector still share one afterwards, so a whole group
+        moves as one list operation rather than node by node.
+        """
+        if len(nodes) == 1:
+            self._move(nodes[0], pod, m)
+            return
+        dc, dm, de, dg = pod.cpu * m, pod.memory * m, pod.eph * m, pod.gpu * m
+        by_old: dict[GroupKey, list[int]] = {}
+        fg, fc, fm, fe, gt = self.fgpu, self.fcpu, self.fmem, self.feph, self.gtype
+        for i in nodes:
+            by_old.setdefault((fg[i], fc[i], fm[i], fe[i], gt[i]), []).append(i)
+        groups = self.groups
+        for old, ns in by_old.items():
+            lst = groups[old]
+            if len(ns) == len(lst):
+                del groups[old]
+            else:
+                drop = set(ns)
+                lst[:] = [x for x in lst if x not in drop]
+            for i in ns:
+                fc[i] -= dc
+                fm[i] -= dm
+                fe[i] -= de
+                fg[i] -= dg
+            new = (old[0] - dg, old[1] - dc, old[2] - dm, old[3] - de, old[4])
+            g = groups.get(new)
+            if g is None:
+                groups[new] = sorted(ns)
+            else:
+                g.extend(ns)
+                g.sort()
+        k = len(nodes)
+        self.tcpu -= dc * k
+        self.tmem -= dm * k
+        self.teph -= de * k
+        self.tgpu -= dg * k
+
     def _apply(self, runs: Runs, nodes: Sequence[int], sign: int) -> None:
         k = 0
         n_nodes = len(self.fcpu)
         for pod, n in runs:
+            per_m: dict[int, list[int]] = {}
             j = k
             end = k + n
             while j < end:
@@ -161,8 +202,10 @@ class ClusterState:
                 while j + m < end and nodes[j + m] == i:
                     m += 1
                 if 0 <= i < n_nodes:
-                    self._move(i, pod, sign * m)
+                    per_m.setdefault(m, []).append(i)
                 j += m
+            for m, ns in per_m.items():
+                self._shift(ns, pod, sign * m)
             k = end
 
     def take(self, runs: Runs, nodes: Sequence[int]) -> None:
@@ -228,24 +271,24 @@ class ClusterState:
                     if total >= n:
                         return []
             return None
-        moves: list[tuple[int, Pod, int]] = []
+        moves: list[tuple[list[int], Pod, int]] = []
         out: list[int] = []
         for p, n in runs:
             got = self._place_run(p, n, limit, moves)
             if got is None:
-                for i, q, m in reversed(moves):
-                    self._move(i, q, -m)
+                for ns, q, m in reversed(moves):
+                    self._shift(ns, q, -m)
                 return None
             out.extend(got)
         if commit:
             self.version += 1
         else:
-            for i, q, m in reversed(moves):
-                self._move(i, q, -m)
+            for ns, q, m in reversed(moves):
+                self._shift(ns, q, -m)
         return out
 
     def _place_run(
-        self, p: Pod, n: int, limit: ClusterState | None, moves: list[tuple[int, Pod, int]]
+        self, p: Pod, n: int, limit: ClusterState | None, moves: list[tuple[list[int], Pod, int]]
     ) -> list[int] | None:
         cands: list[tuple[int, int, list[int], int]] = []
         total = 0
@@ -260,6 +303,7 @@ class ClusterState:
             return None
         cands.sort(key=lambda c: (c[0], c[1], c[2][0]))
         out: list[int] = []
+        takes: dict[int, list[int]] = {}
         remaining = n
         j = 0
         while j < len(cands) and remaining > 0:
@@ -279,13 +323,19 @@ class ClusterState:
                     if not k:
                         continue
                 m = k if k < remaining else remaining
-                self._move(i, p, m)
-                moves.append((i, p, m))
+                takes.setdefault(m, []).append(i)
                 out.extend([i] * m)
                 remaining -= m
                 if not remaining:
                     break
-        return out if not remaining else None
+        if remaining:
+            return None
+        # Moves are applied after the walk: a node appears once per run, and the walk
+        # reads a snapshot of each block, so deferring changes nothing but the cost.
+        for m, ns in takes.items():
+            self._shift(ns, p, m)
+            moves.append((ns, p, m))
+        return out
 
 
 def _count(fg: int, fc: int, fm: int, fe: int, p: Pod, n: int) -> int:

@@ -1,1 +1,17 @@
-"""Headway: store."""
+"""Headway: store. Pending leases of every shard in SQL (SQLite by default, PostgreSQL by URL)."""
+
+from __future__ import annotations
+
+from .leases import DEFAULT_DATABASE_URL, DONE_CHANNEL, LeaseStore, SyncResult, queue_channel
+from .models import Base, LeaseRow, ShardFlag
+
+__all__ = [
+    "DEFAULT_DATABASE_URL",
+    "DONE_CHANNEL",
+    "Base",
+    "LeaseRow",
+    "LeaseStore",
+    "ShardFlag",
+    "SyncResult",
+    "queue_channel",
+]
