@@ -134,7 +134,21 @@ class _Action:
 
 
 class _Queue:
-    __slots__ = ("blocked_head", "run_counts", "running", "spec", "usage", "waiting")
+    __slots__ = (
+        "blocked_head",
+        "cap_sig",
+        "epoch",
+        "last_cap_epoch",
+        "last_holds",
+        "last_resv",
+        "last_sig",
+        "last_started",
+        "run_counts",
+        "running",
+        "spec",
+        "usage",
+        "waiting",
+    )
 
     def __init__(self, spec: QueueSpec) -> None:
         self.spec = spec
@@ -143,6 +157,14 @@ class _Queue:
         self.run_counts: dict[str, int] = {}
         self.usage = Usage()
         self.blocked_head: str | None = None
+        # Incremental passes: what the last visit saw and did.
+        self.epoch = 0
+        self.last_sig: tuple[Any, ...] | None = None
+        self.last_started = 0
+        self.last_holds: tuple[str, ...] = ()
+        self.last_resv: tuple[tuple[str, _Reservation], ...] = ()
+        self.last_cap_epoch = -1
+        self.cap_sig: tuple[Any, ...] = ()
 
 
 class _EnvInstance:
@@ -183,6 +205,25 @@ class _Reservation:
         self.head = head
 
 
+class _Visit:
+    """Scratch state of one queue's visit within a pass."""
+
+    __slots__ = ("blocked", "elig", "order", "order_ver", "reserved", "reserving", "strict", "ver")
+
+    def __init__(self, q: _Queue, elig: list[ClusterState]) -> None:
+        algo = q.spec.algorithm
+        self.strict = algo is Algorithm.strict
+        self.reserving = algo is Algorithm.backfill or algo is Algorithm.easy
+        self.elig = elig
+        self.blocked = False
+        self.reserved = False
+        self.order: list[ClusterState] | None = None
+        self.order_ver = -1
+        # Bumped by anything that can change the next action's answer (an admission,
+        # a hold, a reservation, the head blocking); keys the per-class memo.
+        self.ver = 0
+
+
 class Scheduler:
     """The whole state of one shard and the pass that decides over it.
 
@@ -216,7 +257,13 @@ class Scheduler:
         self.undeclared_env: dict[str, dict[str, int]] = {}
         self.unknown_capacity_passes = 0
         self.passes = 0
+        self.skipped_visits = 0
         self._admissions = 0
+        # Epochs: bumped whenever something a queue's visit depends on changes.
+        self._cap_epoch = 0
+        self._env_epoch = 0
+        self._org_epoch = 0
+        self._hist_epoch = 0
         self._dkeys: dict[tuple[Pod, ...], int] = {}
         self._could_hold: dict[tuple[int, int], bool] = {}
         for c in clusters:
@@ -238,6 +285,7 @@ class Scheduler:
         if old is not None:
             c.healthy = old.healthy
         self.clusters[spec.name] = c
+        self._cap_epoch += 1
         self.on_cluster.setdefault(spec.name, {})
         self._could_hold = {k: v for k, v in self._could_hold.items() if k[0] != c.index}
         if old is not None:
@@ -254,6 +302,7 @@ class Scheduler:
     def set_cluster_health(self, name: str, healthy: bool) -> None:
         """A down cluster takes no new work; what runs there runs on to its end."""
         self._cluster(name).healthy = healthy
+        self._cap_epoch += 1
 
     def report_capacity(
         self, name: str, nodes: Sequence[NodeReport] | None, reflected: Iterable[str] = ()
@@ -266,6 +315,7 @@ class Scheduler:
         capacity unknown, and unknown means open.
         """
         c = self._cluster(name)
+        self._cap_epoch += 1
         if nodes is None:
             c.known = False
             return
@@ -329,6 +379,7 @@ class Scheduler:
 
     def set_org(self, org: OrgLimits) -> None:
         self.org = org
+        self._org_epoch += 1
 
     def _cluster(self, name: str) -> ClusterState:
         c = self.clusters.get(name)
@@ -422,6 +473,7 @@ class Scheduler:
             from bisect import insort
 
             insort(w, a, key=lambda x: (x.submit, x.seq))
+        q.epoch += 1
         return None
 
     def cancel(self, action_id: str, now: float) -> bool:
@@ -432,6 +484,7 @@ class Scheduler:
         if a.state == "waiting":
             q = self.queues[a.queue]
             q.waiting.remove(a)
+            q.epoch += 1
             del self.actions[action_id]
             self._settle_status(q)
             return True
@@ -445,6 +498,8 @@ class Scheduler:
             return
         del self.actions[action_id]
         a.state = "done"
+        self._cap_epoch += 1
+        self._org_epoch += 1
         q = self.queues.get(a.queue)
         c = self.clusters.get(a.cluster or "")
         if a.inst is not None:
@@ -453,9 +508,11 @@ class Scheduler:
             inst.running.pop(a.id, None)
             if inst.active == 0:
                 inst.expires_at = now + inst.spec.idle_ttl
+            self._env_epoch += 1
         elif a.nodes and c is not None:
             c.give(a.runs, a.nodes)
         if q is not None:
+            q.epoch += 1
             q.running -= 1
             _dec(q.run_counts, a.run)
             if a.charged:
@@ -475,6 +532,7 @@ class Scheduler:
             h.append(now - a.start)
             if len(h) > 2:
                 del h[0]
+            self._hist_epoch += 1
         if q is not None:
             self._settle_status(q)
 
@@ -491,6 +549,8 @@ class Scheduler:
                     q.usage.add(inst.usage, -1)
                 del self.envs[name]
                 gone.append(name)
+                self._cap_epoch += 1
+                self._env_epoch += 1
         return gone
 
     def next_wakeup(self) -> float | None:
@@ -528,8 +588,64 @@ class Scheduler:
         self._feasible = {}
         started = 0
         for q in order:
-            started += self._visit(q, now, out)
+            sig = self._signature(q, now)
+            if sig == q.last_sig and not q.last_started:
+                # Nothing this queue's outcome depends on has changed since its last
+                # visit: same decisions, same reasons. Only its holds and reservations,
+                # which bind the queues after it, need making again.
+                self._holds.update(q.last_holds)
+                for cname, r in q.last_resv:
+                    self._resv.setdefault(cname, []).append(r)
+                self.skipped_visits += 1
+                continue
+            holds_before = set(self._holds)
+            resv_before = {k: len(v) for k, v in self._resv.items()}
+            n = self._visit(q, now, out)
+            started += n
+            q.last_started = n
+            q.last_holds = tuple(sorted(self._holds - holds_before))
+            q.last_resv = tuple(
+                (cname, r)
+                for cname, rs in self._resv.items()
+                for r in rs[resv_before.get(cname, 0) :]
+            )
+            # Taken after the visit: what the visit itself changed is part of the state
+            # the next visit would see.
+            q.last_sig = self._signature(q, now)
         return started
+
+    def _signature(self, q: _Queue, now: float) -> tuple[Any, ...]:
+        """Everything a queue's visit depends on, cheaply comparable."""
+        sel = q.spec.clusters
+        names = self.clusters.keys() if sel is None else sel
+        if q.last_cap_epoch != self._cap_epoch:
+            q.last_cap_epoch = self._cap_epoch
+            q.cap_sig = tuple(
+                (c.version, c.healthy, c.known)
+                for c in (self.clusters.get(n) for n in names)
+                if c is not None
+            )
+        holds = tuple(sorted(h for h in self._holds if sel is None or h in sel))
+        resv = tuple(
+            (cname, r.time, r.head, r.extra.version if r.extra is not None else -1)
+            for cname, rs in self._resv.items()
+            if sel is None or cname in sel
+            for r in rs
+        )
+        algo = q.spec.algorithm
+        timed = resv or algo is Algorithm.backfill or algo is Algorithm.easy
+        org = self.org
+        orgd = org.max_concurrent_actions is not None or org.max_concurrent_runs is not None
+        return (
+            q.epoch,
+            q.spec,
+            q.cap_sig,
+            self._env_epoch,
+            self._org_epoch if orgd else 0,
+            holds,
+            resv,
+            (now, self._hist_epoch) if timed else None,
+        )
 
     def _placement_order(self, cs: list[ClusterState], env: str | None) -> list[ClusterState]:
         pref = self.undeclared_env.get(env) if env else None
@@ -571,143 +687,167 @@ class Scheduler:
         return None
 
     def _visit(self, q: _Queue, now: float, out: list[Admitted]) -> int:
-        algo = q.spec.algorithm
-        strict = algo is Algorithm.strict
-        reserving = algo is Algorithm.backfill or algo is Algorithm.easy
-        elig = self._eligible(q)
-        ordered: list[ClusterState] | None = None
-        order_ver = -1
-        blocked = False
-        reserved = False
-        started = 0
+        """Phases 3-5 for one queue: gates, fit, admit or record why not."""
+        v = _Visit(q, self._eligible(q))
+        spec = q.spec
+        org = self.org
+        run_gates = (
+            spec.run_concurrency is not None
+            or spec.per_run_concurrency is not None
+            or org.max_concurrent_runs is not None
+        )
+        # Actions alike in everything the decision reads (demand, environment, run
+        # where run caps apply, estimate where reservations apply) get the same answer
+        # while the state is unchanged: decide once per class, not once per action.
+        memo: dict[tuple[Any, ...], tuple[int, Reason]] = {}
         keep: list[_Action] = []
+        started = 0
         q.blocked_head = None
-        holds = self._holds
-        resv = self._resv
-        infeasible = self._infeasible
-        feasible = self._feasible
         for a in q.waiting:
-            inst = self.envs.get(a.env) if a.env_declared and a.env else None
-            if inst is not None:
-                demand = _ZERO
-                pods: tuple[Pod, ...] = ()
-                runs: Runs = ()
-            elif a.env_declared and a.env:
-                pods = sort_pods(self.env_specs[a.env].footprint)
-                runs = runs_of(pods)
-                demand = Usage.of(pods)
-            else:
-                pods = a.pods
-                runs = a.runs
-                demand = a.usage
-            r = self._gate(q, a, demand)
-            if r is not None:
-                a.note(r)
+            key = (
+                a.dkey,
+                a.env,
+                a.run if run_gates else None,
+                (a.task, a.spec.estimate) if self._resv else None,
+            )
+            m = memo.get(key)
+            if m is not None and m[0] == v.ver:
+                if m[1] != a.last:
+                    a.note(m[1])
                 keep.append(a)
-                if strict and not blocked:
-                    blocked = True
-                    q.blocked_head = a.id
                 continue
-            # --- fitting
-            if inst is not None:
-                c = self.clusters.get(inst.cluster)
-                if c is None or c not in elig:
-                    r = Reason.NoClusterCapacity
-                elif blocked:
-                    r = Reason.HeldForGang
-                elif c.name in holds:
-                    r = Reason.HeldForGang
-                elif c.name in resv and self._allowed(a, now, resv[c.name], (), c) is None:
-                    r = Reason.BackfillWindow
-                elif inst.active >= inst.spec.slots:
-                    r = Reason.EnvironmentBusy
-                else:
-                    self._admit(q, a, c, [], inst, now, out)
-                    started += 1
-                    continue
-                a.note(r)
-                keep.append(a)
-                if strict and not blocked:
-                    blocked = True
-                    q.blocked_head = a.id
-                continue
-            pref = a.env if a.env and not a.env_declared and a.env in self.undeclared_env else None
-            if pref is not None:
-                order = self._placement_order(elig, pref)
-            else:
-                if ordered is None or order_ver != self._admissions:
-                    ordered = self._placement_order(elig, None)
-                    order_ver = self._admissions
-                order = ordered
-            dkey = a.dkey if not a.env_declared else self._dkey(pods)
-            room = False
-            first_block: Reason | None = None
-            chosen: ClusterState | None = None
-            nodes: list[int] | None = None
-            extras: list[ClusterState] = []
-            for c in order:
-                if c.known:
-                    ik = (c.index, dkey)
-                    if ik in infeasible:
-                        continue
-                    if feasible.get(ik) != c.version:
-                        if c.place(runs, commit=False) is None:
-                            infeasible.add(ik)
-                            continue
-                        feasible[ik] = c.version
-                room = True
-                if blocked:
-                    break
-                if c.name in holds:
-                    first_block = first_block or Reason.HeldForGang
-                    continue
-                rs = resv.get(c.name)
-                if rs:
-                    ex = self._allowed(a, now, rs, runs, c)
-                    if ex is None:
-                        first_block = first_block or Reason.BackfillWindow
-                        continue
-                    extras = ex
-                chosen = c
-                break
-            if chosen is not None:
-                if chosen.known:
-                    limit = extras[0] if extras else None
-                    nodes = chosen.place(runs, commit=True, limit=limit)
-                    assert nodes is not None
-                    for ex in extras:
-                        ex.take(runs, nodes)
-                else:
-                    nodes = []
-                new_inst = None
-                if a.env_declared and a.env:
-                    new_inst = _EnvInstance(self.env_specs[a.env], chosen.name, nodes, pods, q.spec.name)
-                    self.envs[a.env] = new_inst
-                    q.usage.add(new_inst.usage)
-                self._admit(q, a, chosen, nodes, new_inst, now, out)
+            v0 = v.ver
+            r = self._consider(q, a, v, now, out)
+            if r is None:
                 started += 1
                 continue
+            a.note(r)
             keep.append(a)
-            if not room:
-                a.note(Reason.NoClusterCapacity)
-                if strict and not blocked:
-                    blocked = True
-                    q.blocked_head = a.id
-                    for c in elig:
-                        if c.known and self._could(c, runs, dkey):
-                            holds.add(c.name)
-                elif reserving and not reserved:
-                    reserved = True
-                    q.blocked_head = a.id
-                    self._reserve(a, runs, dkey, elig, now, algo is Algorithm.easy)
-            else:
-                a.note(first_block or Reason.HeldForGang)
-                if strict and not blocked:
-                    blocked = True
-                    q.blocked_head = a.id
+            if v.ver == v0:
+                memo[key] = (v0, r)
         if started:
             q.waiting = keep
         return started
+
+    def _block(self, q: _Queue, a: _Action, v: _Visit) -> None:
+        """A strict queue's head could not start: nothing later in the queue starts."""
+        if v.strict and not v.blocked:
+            v.blocked = True
+            v.ver += 1
+            q.blocked_head = a.id
+
+    def _consider(
+        self, q: _Queue, a: _Action, v: _Visit, now: float, out: list[Admitted]
+    ) -> Reason | None:
+        """Decide one action: admit it (returns None) or return why not."""
+        inst = self.envs.get(a.env) if a.env_declared and a.env else None
+        if inst is not None:
+            demand = _ZERO
+            pods: tuple[Pod, ...] = ()
+            runs: Runs = ()
+        elif a.env_declared and a.env:
+            pods = sort_pods(self.env_specs[a.env].footprint)
+            runs = runs_of(pods)
+            demand = Usage.of(pods)
+        else:
+            pods = a.pods
+            runs = a.runs
+            demand = a.usage
+        r = self._gate(q, a, demand)
+        if r is not None:
+            self._block(q, a, v)
+            return r
+        holds = self._holds
+        resv = self._resv
+        if inst is not None:
+            c = self.clusters.get(inst.cluster)
+            if c is None or c not in v.elig:
+                r = Reason.NoClusterCapacity
+            elif v.blocked or c.name in holds:
+                r = Reason.HeldForGang
+            elif c.name in resv and self._allowed(a, now, resv[c.name], (), c) is None:
+                r = Reason.BackfillWindow
+            elif inst.active >= inst.spec.slots:
+                r = Reason.EnvironmentBusy
+            else:
+                self._admit(q, a, c, [], inst, now, out)
+                v.ver += 1
+                return None
+            self._block(q, a, v)
+            return r
+        # --- fit: clusters in placement order; the first with room that no hold or
+        # reservation forbids takes the whole gang.
+        pref = a.env if a.env and not a.env_declared and a.env in self.undeclared_env else None
+        if pref is not None:
+            order = self._placement_order(v.elig, pref)
+        else:
+            if v.order is None or v.order_ver != self._admissions:
+                v.order = self._placement_order(v.elig, None)
+                v.order_ver = self._admissions
+            order = v.order
+        dkey = a.dkey if not a.env_declared else self._dkey(pods)
+        infeasible = self._infeasible
+        feasible = self._feasible
+        room = False
+        first_block: Reason | None = None
+        chosen: ClusterState | None = None
+        extras: list[ClusterState] = []
+        for c in order:
+            if c.known:
+                ik = (c.index, dkey)
+                if ik in infeasible:
+                    continue
+                if feasible.get(ik) != c.version:
+                    if c.place(runs, commit=False) is None:
+                        # Capacity only shrinks within a pass: no need to ask again.
+                        infeasible.add(ik)
+                        continue
+                    feasible[ik] = c.version
+            room = True
+            if v.blocked:
+                break
+            if c.name in holds:
+                first_block = first_block or Reason.HeldForGang
+                continue
+            rs = resv.get(c.name)
+            if rs:
+                ex = self._allowed(a, now, rs, runs, c)
+                if ex is None:
+                    first_block = first_block or Reason.BackfillWindow
+                    continue
+                extras = ex
+            chosen = c
+            break
+        if chosen is not None:
+            if chosen.known:
+                nodes = chosen.place(runs, commit=True, limit=extras[0] if extras else None)
+                assert nodes is not None
+                for ex in extras:
+                    ex.take(runs, nodes)
+            else:
+                nodes = []
+            new_inst = None
+            if a.env_declared and a.env:
+                new_inst = _EnvInstance(self.env_specs[a.env], chosen.name, nodes, pods, q.spec.name)
+                self.envs[a.env] = new_inst
+                q.usage.add(new_inst.usage)
+            self._admit(q, a, chosen, nodes, new_inst, now, out)
+            v.ver += 1
+            return None
+        if room:
+            self._block(q, a, v)
+            return first_block or Reason.HeldForGang
+        if v.strict and not v.blocked:
+            self._block(q, a, v)
+            for c in v.elig:
+                if c.known and self._could(c, runs, dkey):
+                    holds.add(c.name)
+        elif v.reserving and not v.reserved:
+            v.reserved = True
+            v.ver += 1
+            q.blocked_head = a.id
+            self._reserve(a, runs, dkey, v.elig, now, q.spec.algorithm is Algorithm.easy)
+        return Reason.NoClusterCapacity
 
     def _admit(
         self,
@@ -745,6 +885,10 @@ class Scheduler:
         if not c.known:
             self.unknown_capacity_passes += 1
         self._admissions += 1
+        self._cap_epoch += 1
+        self._org_epoch += 1
+        self._env_epoch += inst is not None
+        q.epoch += 1
         names = c.node_names
         out.append(
             Admitted(
