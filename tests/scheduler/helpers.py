@@ -1,0 +1,148 @@
+"""Builders for scheduler tests: small scenarios as YAML text, run through ``simulate``.
+
+Tables stay readable by describing a scenario with a few helpers::
+
+    scenario(
+        clusters=[make_cluster("c1", gpus=8)],
+        queues=[make_queue("q", algorithm="strict")],
+        workload=[job("a", "q", 0, 100, gpu="H200:4")],
+    )
+
+Every builder returns plain dicts; ``scenario`` dumps them to YAML so the whole path
+(parsing included) is exercised, exactly as ``headway simulate`` would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from headway.scheduler.scenario import load_scenario
+from headway.scheduler.simulator import simulate
+
+HERE = Path(__file__).resolve().parent
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+
+
+def shared_or_copy(shared_rel: str, local: Path) -> Path:
+    """The shared file/folder if it exists, else the copy kept in this folder."""
+    p = SHARED / shared_rel
+    return p if p.exists() else local
+
+
+def node_group(
+    name: str = "n",
+    count: int = 1,
+    cpu: Any = 64,
+    memory: Any = "512Gi",
+    gpu: Any = None,
+    eph: Any = None,
+) -> dict[str, Any]:
+    shape: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    if gpu is not None:
+        shape["gpu"] = gpu
+    if eph is not None:
+        shape["ephemeral_storage"] = eph
+    return {"name": name, "count": count, "shape": shape}
+
+
+def make_cluster(
+    name: str,
+    gpus: int | None = 8,
+    gpu_type: str | None = "H200",
+    nodes: int = 1,
+    cpu: Any = 64,
+    memory: Any = "512Gi",
+    groups: list[dict[str, Any]] | None = None,
+    reports_capacity: bool | None = None,
+) -> dict[str, Any]:
+    """A cluster of ``nodes`` identical nodes with ``gpus`` GPUs each (typed unless
+    ``gpu_type`` is None); or explicit ``groups``."""
+    if groups is None:
+        gpu: Any = None
+        if gpus:
+            gpu = f"{gpu_type}:{gpus}" if gpu_type else gpus
+        groups = [node_group("g", nodes, cpu, memory, gpu)]
+    c: dict[str, Any] = {"name": name, "node_groups": groups}
+    if reports_capacity is not None:
+        c["reports_capacity"] = reports_capacity
+    return c
+
+
+def make_queue(name: str, priority: str = "high", algorithm: str = "greedy", **knobs: Any) -> dict[str, Any]:
+    q: dict[str, Any] = {"name": name, "priority": priority, "algorithm": algorithm}
+    q.update(knobs)
+    return q
+
+
+def res(
+    cpu: Any = 1, memory: Any = "1Gi", gpu: Any = None, eph: Any = None
+) -> dict[str, Any]:
+    r: dict[str, Any] = {}
+    if cpu is not None:
+        r["cpu"] = cpu
+    if memory is not None:
+        r["memory"] = memory
+    if gpu is not None:
+        r["gpu"] = gpu
+    if eph is not None:
+        r["ephemeral_storage"] = eph
+    return r
+
+
+def job(
+    id: str,
+    queue: str,
+    submit: float,
+    duration: float,
+    gpu: Any = None,
+    cpu: Any = 1,
+    memory: Any = "1Gi",
+    **extra: Any,
+) -> dict[str, Any]:
+    """A single-pod action (add ``replicas=N`` for a gang, or pass ``ray=``/``spark=``
+    with ``resources=None``)."""
+    j: dict[str, Any] = {"id": id, "queue": queue, "submit": submit, "duration": duration}
+    resources = extra.pop("resources", "default")
+    if resources == "default":
+        j["resources"] = res(cpu, memory, gpu)
+    elif resources is not None:
+        j["resources"] = resources
+    j.update(extra)
+    return j
+
+
+def scenario(
+    clusters: list[dict[str, Any]],
+    queues: list[dict[str, Any]],
+    workload: list[dict[str, Any]],
+    org: dict[str, Any] | None = None,
+    environments: list[dict[str, Any]] | None = None,
+    events: list[dict[str, Any]] | None = None,
+) -> str:
+    doc: dict[str, Any] = {"clusters": clusters, "queues": queues}
+    if org is not None:
+        doc["org"] = org
+    if environments is not None:
+        doc["environments"] = environments
+    doc["workload"] = workload
+    if events is not None:
+        doc["events"] = events
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def run(text: str) -> dict[str, Any]:
+    """Parse and simulate a scenario; the result document."""
+    return simulate(load_scenario(text, "test.yaml")).doc
+
+
+def by_id(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {a["id"]: a for a in doc["actions"]}
+
+
+def timeline(doc: dict[str, Any]) -> dict[str, tuple[Any, Any, Any, str]]:
+    """id -> (start, end, cluster, status)."""
+    return {
+        a["id"]: (a["start"], a["end"], a["cluster"], a["status"]) for a in doc["actions"]
+    }
