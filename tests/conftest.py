@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest_asyncio
-from temporalio.testing import WorkflowEnvironment
-
 from headway import protocol
 from headway.cli._common import temporal_binary
+from temporalio.testing import WorkflowEnvironment
 
 
 @pytest_asyncio.fixture(scope="session")

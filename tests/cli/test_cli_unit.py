@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from headway.cli._common import free_port, load_fleet
 from headway.cli._specs import queue_from_entry, queue_to_entry
 from headway.cli.main import cli
@@ -96,8 +95,14 @@ def test_server_start_refuses_a_taken_port(tmp_path: Path):
         s.listen()
         port = s.getsockname()[1]
         result = invoke(
-            "server", "start", "--data-dir", str(tmp_path), "--port", str(port),
-            "--ui-port", str(free_port()),
+            "server",
+            "start",
+            "--data-dir",
+            str(tmp_path),
+            "--port",
+            str(port),
+            "--ui-port",
+            str(free_port()),
         )
     assert result.exit_code != 0
     assert f"port {port} (--port) is already in use" in result.output
@@ -118,9 +123,7 @@ def test_up_refuses_a_taken_ui_port(tmp_path: Path):
 
 def test_bundled_fleet_has_two_gpu_types_and_a_cpu_cluster():
     fleet = load_fleet(None)
-    gpu_types = {
-        g.shape.gpu_type for c in fleet.clusters for g in c.node_groups if g.shape.gpu
-    }
+    gpu_types = {g.shape.gpu_type for c in fleet.clusters for g in c.node_groups if g.shape.gpu}
     assert gpu_types == {"H100", "H200"}
     assert all(g.shape.gpu == 8 for c in fleet.clusters for g in c.node_groups if g.shape.gpu)
     assert any(all(g.shape.gpu == 0 for g in c.node_groups) for c in fleet.clusters)
