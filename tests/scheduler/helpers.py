@@ -70,15 +70,15 @@ def make_cluster(
     return c
 
 
-def make_queue(name: str, priority: str = "high", algorithm: str = "greedy", **knobs: Any) -> dict[str, Any]:
+def make_queue(
+    name: str, priority: str = "high", algorithm: str = "greedy", **knobs: Any
+) -> dict[str, Any]:
     q: dict[str, Any] = {"name": name, "priority": priority, "algorithm": algorithm}
     q.update(knobs)
     return q
 
 
-def res(
-    cpu: Any = 1, memory: Any = "1Gi", gpu: Any = None, eph: Any = None
-) -> dict[str, Any]:
+def res(cpu: Any = 1, memory: Any = "1Gi", gpu: Any = None, eph: Any = None) -> dict[str, Any]:
     r: dict[str, Any] = {}
     if cpu is not None:
         r["cpu"] = cpu
@@ -143,6 +143,4 @@ def by_id(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def timeline(doc: dict[str, Any]) -> dict[str, tuple[Any, Any, Any, str]]:
     """id -> (start, end, cluster, status)."""
-    return {
-        a["id"]: (a["start"], a["end"], a["cluster"], a["status"]) for a in doc["actions"]
-    }
+    return {a["id"]: (a["start"], a["end"], a["cluster"], a["status"]) for a in doc["actions"]}

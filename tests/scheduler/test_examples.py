@@ -63,9 +63,7 @@ def check_max_inflight(sc: Scenario, doc: dict[str, Any], inv: dict[str, Any]) -
     mine = [a for a in started if qname == "*" or a["queue"] == qname]
     for t in sorted({a["start"] for a in started}):
         live = [
-            a
-            for a in mine
-            if a["start"] <= t and (t < a["end"] or a["start"] == a["end"] == t)
+            a for a in mine if a["start"] <= t and (t < a["end"] or a["start"] == a["end"] == t)
         ]
         if resource == "actions":
             used = len(live)
@@ -90,7 +88,9 @@ def test_example(path: Path) -> None:
             if key in exp and a[key] != exp[key]:
                 problems.append(f"{aid}.{key}: expected {exp[key]!r}, got {a[key]!r}")
         if "reasons_exact" in exp and a["reasons"] != exp["reasons_exact"]:
-            problems.append(f"{aid}.reasons: expected {exp['reasons_exact']!r}, got {a['reasons']!r}")
+            problems.append(
+                f"{aid}.reasons: expected {exp['reasons_exact']!r}, got {a['reasons']!r}"
+            )
     assert not problems, "\n".join(problems)
     for inv in expect.get("invariants", []):
         assert inv["type"] == "max_inflight", inv
