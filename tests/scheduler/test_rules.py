@@ -42,7 +42,7 @@ def S(
     end: float | None = None,
     cluster: str | None = None,
     reasons: list[str] | None = None,
-) -> dict[str, Any]:  # noqa: N802
+) -> dict[str, Any]:
     """An action that started (status succeeded)."""
     d: dict[str, Any] = {"start": start, "status": "succeeded"}
     if end is not None:
@@ -54,11 +54,11 @@ def S(
     return d
 
 
-def REJ(reason: str) -> dict[str, Any]:  # noqa: N802
+def REJ(reason: str) -> dict[str, Any]:
     return {"status": "rejected", "reasons": [reason], "start": None, "end": None, "cluster": None}
 
 
-def PEND(reasons: list[str]) -> dict[str, Any]:  # noqa: N802
+def PEND(reasons: list[str]) -> dict[str, Any]:
     return {"status": "pending", "reasons": reasons, "start": None, "end": None, "cluster": None}
 
 
