@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import yaml
 from headway import protocol
-from headway.scheduler.model import ClusterSpec, OrgLimits, QueueSpec
+from headway.scheduler.model import ClusterSpec
+from headway.scheduler.scenario import Fleet
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -164,58 +165,18 @@ def default_fleet_path() -> Path:
     return Path(headway.__file__).resolve().parent / "examples" / "fleet.yaml"
 
 
-@dataclass(frozen=True)
-class Fleet:
-    """A fleet file, checked and in the core's canonical specs."""
-
-    path: Path
-    clusters: tuple[ClusterSpec, ...]
-    queues: tuple[QueueSpec, ...]
-    org: OrgLimits
-    raw: dict[str, Any]
-
-
 def load_fleet(path: str | Path | None) -> Fleet:
-    """Read and check a fleet file (the scenario format's ``clusters:``/``queues:``/``org:``).
-
-    Every value is parsed with the scheduler core's parsers, so a typo fails here, naming
-    the file, field and value, rather than inside a worker.
-    """
-    from ._specs import cluster_from_entry, org_from_entry, queue_from_entry
+    """Read a fleet file (a scenario's ``clusters:``/``queues:``/``org:``) with the
+    scheduler core's parser; an error names the file, line, field and value."""
+    from headway.scheduler.scenario import ScenarioError, parse_fleet
 
     p = Path(path) if path is not None else default_fleet_path()
     try:
-        data = yaml.safe_load(p.read_text())
+        return parse_fleet(p.read_text(), str(p))
     except OSError as exc:
         raise click.ClickException(f"cannot read fleet file {p}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise click.ClickException(f"{p}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("clusters"), list):
-        raise click.ClickException(f"{p}: expected a mapping with a `clusters:` list")
-    unknown = set(data) - {"clusters", "queues", "org"}
-    if unknown:
-        raise click.ClickException(f"{p}: unknown top-level field(s) {sorted(unknown)}")
-    try:
-        clusters = tuple(
-            cluster_from_entry(c if isinstance(c, dict) else {}, f"clusters[{i}]")
-            for i, c in enumerate(data["clusters"])
-        )
-        names = [c.name for c in clusters]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                raise ValueError(f"clusters[{i}].name: {name!r} appears twice")
-        queues = tuple(
-            queue_from_entry(q if isinstance(q, dict) else {}, f"queues[{i}]")
-            for i, q in enumerate(data.get("queues") or [])
-        )
-        for i, q in enumerate(queues):
-            for cl in q.clusters or ():
-                if cl not in names:
-                    raise ValueError(f"queues[{i}].clusters: {cl!r} is not a cluster of this fleet")
-        org = org_from_entry(data.get("org"))
-    except ValueError as exc:  # QuantityError is a ValueError
-        raise click.ClickException(f"{p}: {exc}") from exc
-    return Fleet(p.resolve(), clusters, queues, org, data)
+    except (ScenarioError, yaml.YAMLError) as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def cluster_names(fleet: Fleet) -> list[str]:

@@ -21,8 +21,9 @@ from typing import IO
 
 import click
 from headway.scheduler.model import OrgLimits
+from headway.scheduler.scenario import Fleet
 
-from ._common import Fleet, cluster_names, load_fleet
+from ._common import cluster_names, load_fleet
 from .server import check_ports, server_argv, wait_for_port
 
 __all__ = ["Child", "Stack", "running_stack"]

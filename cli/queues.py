@@ -15,11 +15,11 @@ import click
 import yaml
 from headway.scheduler.model import OrgLimits, QueueSpec
 
-from ._common import Settings, settings, with_client
+from ._common import settings, with_client
 from ._specs import (
     QUEUE_FIELDS,
-    org_from_entry,
-    org_to_entry,
+    UNSET_WORDS,
+    knob,
     parse_limit,
     queue_from_entry,
     queue_to_entry,
@@ -39,7 +39,6 @@ _MAX_FLAGS = {
     "max_ephemeral_storage": "ephemeral_storage",
 }
 _LIMIT_FLAGS = ("run_concurrency", "action_concurrency", "per_run_concurrency", "depth")
-_UNSET = ("none", "unlimited")
 
 
 def _queue_options(f: F) -> F:
@@ -76,13 +75,13 @@ def _apply_flags(entry: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, A
             out[key] = flags[key]
     for key in _LIMIT_FLAGS:
         if flags.get(key) is not None:
-            out[key] = flags[key]
+            out[key] = knob(flags[key])
     quota = dict(out.get("max_resources") or {})
     for flag, resource in _MAX_FLAGS.items():
         value = flags.get(flag)
         if value is None:
             continue
-        if str(value).lower() in _UNSET:
+        if str(value).lower() in UNSET_WORDS:
             quota.pop(resource, None)
         else:
             quota[resource] = value
@@ -92,19 +91,27 @@ def _apply_flags(entry: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, A
     return out
 
 
-def _checked(entry: Mapping[str, Any]) -> QueueSpec:
-    """The queue ``entry`` as a spec, or a usage error naming the flag and value."""
+def _checked(entry: Mapping[str, Any], *, from_flags: bool = True) -> QueueSpec:
+    """The queue ``entry`` as a spec, or a usage error naming the flag (or, for YAML from
+    ``--edit``, the field) and the value."""
     try:
-        return queue_from_entry(entry, where="queue")
+        return queue_from_entry(entry)
     except ValueError as exc:
-        # "queue.max_resources.cpu: 'x' is not..." reads best as the flag the user typed.
         msg = str(exc)
-        for flag, resource in _MAX_FLAGS.items():
-            msg = msg.replace(f"queue.max_resources.{resource}:", f"--{flag.replace('_', '-')}:")
-        msg = msg.replace("queue.max_resources.", "--max-")
-        for key in (*_LIMIT_FLAGS, "priority", "algorithm", "status", "clusters"):
-            msg = msg.replace(f"queue.{key}:", f"--{key.replace('_', '-')}:")
+        if from_flags:
+            # "max_resources.cpu: 'x' is not..." reads best as the flag the user typed.
+            for flag, resource in _MAX_FLAGS.items():
+                msg = _reword(msg, f"max_resources.{resource}", flag)
+            for key in (*_LIMIT_FLAGS, "priority", "algorithm", "status", "clusters"):
+                msg = _reword(msg, key, key)
         raise click.BadParameter(msg) from None
+
+
+def _reword(msg: str, field: str, flag: str) -> str:
+    option = "--" + flag.replace("_", "-")
+    if msg.startswith(f"{field}:") or msg.startswith(f"{field}["):
+        return option + msg[len(field) :]
+    return msg
 
 
 async def fetch_queues(client: Client, tenant: str) -> dict[str, dict[str, Any]]:
@@ -188,7 +195,7 @@ def update_queue(
             entry["clusters"] = None
         if edit:
             entry = _edit(entry)
-        new = _checked(entry)
+        new = _checked(entry, from_flags=not edit)
         if new.name != name:
             raise click.BadParameter(f"name: a queue cannot be renamed ({name!r} -> {new.name!r})")
         before, after = old.to_dict(), new.to_dict()
@@ -288,11 +295,17 @@ def _show(value: Any) -> str:
 
 # --- org ----------------------------------------------------------------------------------
 
+_ORG_LIMITS = ("max_concurrent_runs", "max_concurrent_actions", "max_actions_per_run")
 
-async def _fetch_org(client: Client, cfg: Settings) -> OrgLimits:
+
+async def _fetch_org(client: Client, tenant: str) -> OrgLimits | None:
+    """The tenant's current org limits, or None if this control plane cannot tell."""
     from headway.workflows import client as hw
 
-    return OrgLimits.from_dict(await hw.get_org(client, cfg.tenant))
+    reader = getattr(hw, "get_org", None)
+    if reader is None:
+        return None
+    return OrgLimits.from_dict(await reader(client, tenant))
 
 
 @get.command("org")
@@ -301,8 +314,10 @@ async def _fetch_org(client: Client, cfg: Settings) -> OrgLimits:
 def get_org(ctx: click.Context, output: str) -> None:
     """Show every org-wide limit of the tenant against its default."""
     cfg = settings(ctx)
-    current = org_to_entry(with_client(cfg, lambda c: _fetch_org(c, cfg)))
-    defaults = org_to_entry(OrgLimits())
+    org = with_client(cfg, lambda c: _fetch_org(c, cfg.tenant))
+    if org is None:
+        raise click.ClickException("this control plane does not expose its org limits yet")
+    current, defaults = org.to_dict(), OrgLimits().to_dict()
     if output == "json":
         click.echo(json.dumps(current, indent=2))
         return
@@ -336,60 +351,48 @@ def _show_org(value: Any) -> str:
 def update_org(ctx: click.Context, /, **flags: Any) -> None:
     """Change the tenant's org-wide limits; only the flags given change."""
     cfg = settings(ctx)
-    for key in ("max_concurrent_runs", "max_concurrent_actions", "max_actions_per_run"):
-        try:
-            parse_limit(flags[key], f"--{key.replace('_', '-')}")
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from None
-    for key in ("submit_rate", "submit_burst"):
-        value = flags[key]
-        if value is not None and value.lower() not in _UNSET:
-            _number(value, f"--{key.replace('_', '-')}")
+    limits: dict[str, int | None] = {}
+    for key in _ORG_LIMITS:
+        if flags[key] is not None:
+            try:
+                limits[key] = parse_limit(flags[key], f"--{key.replace('_', '-')}")
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
+    rate, burst = flags["submit_rate"], flags["submit_burst"]
+    unset_rate = rate is not None and rate.lower() in UNSET_WORDS
+    per_s = None if rate is None or unset_rate else _number(rate, "--submit-rate")
+    burst_n = None if burst is None else _number(burst, "--submit-burst")
+    if per_s is not None and per_s <= 0:
+        raise click.BadParameter(f"--submit-rate: {rate!r} must be more than 0")
+    if burst_n is not None and burst_n < 1:
+        raise click.BadParameter(f"--submit-burst: {burst!r} must be at least 1")
 
-    async def go(client: Client) -> None:
+    async def go(client: Client) -> bool:
         from headway.workflows import client as hw
 
-        entry = org_to_entry(await _fetch_org(client, cfg))
-        for key in ("max_concurrent_runs", "max_concurrent_actions", "max_actions_per_run"):
-            if flags[key] is not None:
-                entry[key] = flags[key]
-        rate, burst = flags["submit_rate"], flags["submit_burst"]
-        if rate is not None and rate.lower() in _UNSET:
+        current = await _fetch_org(client, cfg.tenant)
+        entry = (current or OrgLimits()).to_dict()
+        entry.update(limits)
+        if unset_rate:
             entry["submit_rate"] = None
-        elif rate is not None or burst is not None:
+        elif per_s is not None or burst_n is not None:
             old = entry.get("submit_rate") or {}
-            per_s = rate if rate is not None else old.get("per_second")
-            if per_s is None:
+            rate_now = per_s if per_s is not None else old.get("per_second")
+            if rate_now is None:
                 raise click.BadParameter("--submit-burst needs --submit-rate (none is set)")
             entry["submit_rate"] = {
-                "per_second": _number(per_s, "--submit-rate"),
-                "burst": _number(burst, "--submit-burst")
-                if burst is not None
-                else old.get("burst", max(1.0, _number(per_s, "--submit-rate"))),
+                "per_second": rate_now,
+                "burst": burst_n if burst_n is not None else old.get("burst", max(1.0, rate_now)),
             }
-        try:
-            org = org_from_entry(entry, where="org")
-        except ValueError as exc:
-            raise click.BadParameter(_org_flag(str(exc))) from None
-        await hw.set_org(client, cfg.tenant, org.to_dict())
+        await hw.set_org(client, cfg.tenant, entry)
+        return current is not None
 
-    with_client(cfg, go)
-    click.echo("org limits updated")
+    merged = with_client(cfg, go)
+    click.echo("org limits updated" if merged else "org limits set (limits not given: unlimited)")
 
 
-def _number(value: Any, flag: str) -> float:
+def _number(value: str, flag: str) -> float:
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except ValueError:
         raise click.BadParameter(f"{flag}: {value!r} is not a number") from None
-
-
-def _org_flag(msg: str) -> str:
-    for key in (
-        "max_concurrent_runs",
-        "max_concurrent_actions",
-        "max_actions_per_run",
-        "submit_rate",
-    ):
-        msg = msg.replace(f"org.{key}:", f"--{key.replace('_', '-')}:")
-    return msg

@@ -1,0 +1,217 @@
+"""End to end on a real Temporal dev server: actions submitted through the CLI (and the
+SDK) run on the control plane and the simulated cluster workers, and complete; their
+history is visible with ``temporal workflow show``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+from headway import protocol
+from headway.cli._common import load_fleet, temporal_binary
+from headway.cli._stack import Stack, _headway, wait_ready
+from headway.cli.main import cli
+from headway.sdk import Client, Resources, Task
+from temporalio.testing import WorkflowEnvironment
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def stack(
+    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """The control-plane worker and one simulated cluster worker per bundled fleet cluster,
+    as `headway worker ...` child processes on the session's dev server."""
+    address = temporal_env.client.service_client.config.target_host
+    data_dir = tmp_path_factory.mktemp("e2e")
+    fleet = load_fleet(None)
+    s = Stack(data_dir, address, None)
+    try:
+        common = ["--address", address]
+        s.spawn(
+            "control-plane",
+            _headway(
+                *common,
+                "worker",
+                "control-plane",
+                "--database-url",
+                f"sqlite:///{data_dir / 'headway.db'}",
+            ),
+        )
+        for c in fleet.clusters:
+            s.spawn(f"cluster-{c.name}", _headway(*common, "worker", "cluster", "--name", c.name))
+        asyncio.run(wait_ready(s, fleet))
+        yield s
+    finally:
+        s.stop()
+
+
+def hw(stack: Stack, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["--address", stack.address, *args])
+    return result.exit_code, result.output
+
+
+def test_submit_through_the_cli_completes_and_its_history_is_visible(stack: Stack):
+    code, out = hw(
+        stack,
+        "submit",
+        "--queue",
+        "default",
+        "--cpu",
+        "1",
+        "--memory",
+        "1Gi",
+        "--duration",
+        "1",
+        "--id",
+        "cli-1",
+        "--wait",
+    )
+    assert code == 0, out
+    assert "submitted cli-1 to queue 'default'" in out
+    assert "/workflows/headway-action-default-cli-1" in out
+    assert "cli-1: " in out and "state=succeeded" in out
+
+    shown = subprocess.run(
+        [
+            temporal_binary(),
+            "workflow",
+            "show",
+            "--address",
+            stack.address,
+            "-w",
+            protocol.action_workflow_id("default", "cli-1"),
+            "--output",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    events = [e["eventType"] for e in json.loads(shown.stdout)["events"]]
+    assert events[0] in ("EVENT_TYPE_WORKFLOW_EXECUTION_STARTED", "WorkflowExecutionStarted")
+    assert events[-1] in ("EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED", "WorkflowExecutionCompleted")
+
+
+def test_a_multi_node_gang_runs_whole_on_one_gpu_cluster(stack: Stack):
+    code, out = hw(
+        stack,
+        "submit",
+        "--queue",
+        "default",
+        "--gpu",
+        "H100:8",
+        "--cpu",
+        "8",
+        "--memory",
+        "64Gi",
+        "--replicas",
+        "2",
+        "--duration",
+        "1",
+        "--id",
+        "gang-1",
+        "--wait",
+        "--json",
+    )
+    assert code == 0, out
+    result = json.loads(out.strip().splitlines()[-1])["result"]
+    assert result["state"] == "succeeded"
+    assert result["cluster"] == "gpu-h100"
+
+
+def test_queue_commands_round_trip(stack: Stack):
+    code, out = hw(
+        stack,
+        "create",
+        "queue",
+        "team-a",
+        "--priority",
+        "high",
+        "--algorithm",
+        "strict",
+        "--run-concurrency",
+        "10",
+        "--max-gpu",
+        "H200:8",
+        "--cluster",
+        "gpu-h200",
+    )
+    assert code == 0, out
+    code, out = hw(stack, "create", "queue", "team-a")
+    assert code != 0 and "already exists" in out
+
+    code, out = hw(
+        stack,
+        "update",
+        "queue",
+        "team-a",
+        "--depth",
+        "100",
+        "--clear-cluster",
+        "--run-concurrency",
+        "unlimited",
+        "--max-cpu",
+        "64",
+    )
+    assert code == 0, out
+    code, out = hw(stack, "get", "queues", "-o", "json")
+    assert code == 0, out
+    team = next(q for q in json.loads(out) if q["name"] == "team-a")
+    assert team["priority"] == "high" and team["algorithm"] == "strict"
+    assert team["depth"] == 100 and team["run_concurrency"] is None
+    assert team["clusters"] is None
+    assert team["max_resources"] == {"cpu": 64, "gpu": "H200:8"}
+
+    code, out = hw(stack, "update", "queue", "no-such-queue", "--depth", "1")
+    assert code != 0 and "does not exist" in out
+
+    code, out = hw(
+        stack,
+        "submit",
+        "--queue",
+        "team-a",
+        "--gpu",
+        "H200:2",
+        "--duration",
+        "1",
+        "--id",
+        "team-a-1",
+        "--wait",
+        "--json",
+    )
+    assert code == 0, out
+    assert json.loads(out.strip().splitlines()[-1])["result"]["cluster"] == "gpu-h200"
+
+
+async def test_sdk_run_context_and_per_task_override(stack: Stack):
+    hw_client = await Client.connect(stack.address)
+    score = Task("score", Resources(cpu=1, memory="1Gi"), duration=1)
+    train = Task("train", Resources(cpu=4, gpu="H100:1"), duration=1)
+    code, out = await asyncio.to_thread(
+        hw, stack, "create", "queue", "sdk-fast", "--priority", "high"
+    )
+    assert code == 0, out
+
+    run = hw_client.with_runcontext(queue="sdk-fast")
+    fast = await run.submit(score)
+    slow = await run.submit(train.override(queue="default"))
+    assert (fast.queue, slow.queue) == ("sdk-fast", "default")
+    assert fast.request.run == slow.request.run == run.run
+    for action in (fast, slow):
+        result = await action.result()
+        assert result.state == "succeeded", result
+    assert fast.ui_url.endswith(f"/namespaces/default/workflows/{fast.workflow_id}")
+    why = await fast.why()
+    assert why["action_id"] == fast.id
+
+
+def test_why_explains_an_action(stack: Stack):
+    code, out = hw(stack, "why", "cli-1", "--json")
+    assert code == 0, out
+    assert json.loads(out)["action_id"] == "cli-1"
