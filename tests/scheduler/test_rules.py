@@ -1312,3 +1312,29 @@ def test_result_shape_and_nulls_for_unstarted() -> None:
     s = doc["summary"]
     assert s["actions"] == 1
     assert s["mean_wait"] is None and s["wait_max"] is None and s["mean_bounded_slowdown"] is None
+
+
+def test_draining_queue_becomes_drained_once_empty_and_reopens() -> None:
+    """Scheduler directly: draining -> drained when it holds nothing; active reopens."""
+    from headway.scheduler import ActionSpec, ClusterSpec, NodeGroup, Pod, QueueSpec, Scheduler
+    from headway.scheduler.model import QueueStatus
+
+    s = Scheduler(
+        [ClusterSpec("c1", (NodeGroup("n", 1, Pod(cpu=1000, memory=2**30)),))], [QueueSpec("q")]
+    )
+    a = ActionSpec("a", "q", (Pod(cpu=1000),))
+    b = ActionSpec("b", "q", (Pod(cpu=1000),), seq=1)
+    assert s.submit(a, 0) is None and s.submit(b, 0) is None
+    assert [x.action_id for x in s.schedule(0)] == ["a"]
+    s.update_queue("q", {"status": "draining"})
+    assert s.submit(ActionSpec("c", "q", (Pod(cpu=1000),), seq=2), 1) == "QueueDraining"
+    s.finish("a", 10)
+    assert [x.action_id for x in s.schedule(10)] == ["b"]  # waiting work still starts
+    assert s.queues["q"].spec.status is QueueStatus.draining  # b still runs
+    s.finish("b", 20)
+    s.schedule(20)
+    assert s.queues["q"].spec.status is QueueStatus.drained
+    assert s.submit(ActionSpec("d", "q", (Pod(cpu=1000),), seq=3), 21) == "QueueDraining"
+    s.update_queue("q", {"status": "active"})
+    assert s.submit(ActionSpec("e", "q", (Pod(cpu=1000),), seq=4), 22) is None
+    assert [x.action_id for x in s.schedule(22)] == ["e"]
