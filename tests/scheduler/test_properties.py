@@ -297,8 +297,8 @@ class Driver:
                 u[1] += p.memory
                 u[2] += p.gpu
                 assert u[0] <= shape.cpu and u[1] <= shape.memory and u[2] <= shape.gpu
-        for c in self.s.clusters.values():
-            assert min(c.fcpu + c.fmem + c.fgpu + c.feph, default=0) >= 0
+        for cs in self.s.clusters.values():
+            assert min(cs.fcpu + cs.fmem + cs.fgpu + cs.feph, default=0) >= 0
         self.check_priority(now)
 
     def check_priority(self, now: float) -> None:

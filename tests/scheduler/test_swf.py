@@ -9,6 +9,7 @@ simulated) to check the skipped-job accounting.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from headway.scheduler.simulator import SwfError, load_swf, simulate
@@ -61,7 +62,7 @@ def trace(*lines: str, max_procs: int | None = None) -> str:
 
 def actions(
     text: str, algorithm: str = "backfill", estimates: str = "requested"
-) -> dict[str, dict]:
+) -> dict[str, dict[str, Any]]:
     sc, skipped = load_swf(text, algorithm, estimates)
     doc = simulate(sc, skipped=skipped).doc
     return {a["id"]: a for a in doc["actions"]}
@@ -184,7 +185,7 @@ SMALL = trace(
 )
 
 
-def starts(acts: dict[str, dict]) -> dict[str, float]:
+def starts(acts: dict[str, dict[str, Any]]) -> dict[str, float]:
     return {k: v["start"] for k, v in acts.items()}
 
 
