@@ -31,10 +31,11 @@ if TYPE_CHECKING:
 
 __all__ = ["demo"]
 
-#: The demo's queues, in the file notation: production goes first and holds capacity for
-#: its gangs; backfill yields to it and is capped so it can never take the fleet.
+#: The demo's queues, in the file notation: production goes first and reserves capacity
+#: for a gang that doesn't fit yet; backfill yields to it and is capped so it can never
+#: take the fleet.
 QUEUES: list[dict[str, Any]] = [
-    {"name": "production", "priority": "high", "algorithm": "strict"},
+    {"name": "production", "priority": "high", "algorithm": "backfill"},
     {
         "name": "backfill",
         "priority": "low",
@@ -171,12 +172,14 @@ async def _scenario(
         for _ in range(batch.count):
             actions.append(await run.submit(batch.task.override(queue=batch.queue)))
     console.print(f"Submitted {len(actions)} actions. Each one in the Temporal Web UI:")
-    links = Table(show_header=True, box=None, pad_edge=False)
-    for col in ("action", "queue", "demand", "workflow"):
-        links.add_column(col)
+    width = max(len(a.id) for a in actions)
     for a in actions:
-        links.add_row(a.id, a.queue, _demand(a), a.ui_url)
-    console.print(links)
+        # One line per action, never wrapped, so every link stays clickable.
+        console.print(
+            f"  {a.id:<{width}}  {a.queue:<10}  {a.ui_url}  ({_demand(a)})",
+            soft_wrap=True,
+            markup=False,
+        )
 
     queues = [q["name"] for q in QUEUES]
     totals = {q: sum(1 for a in actions if a.queue == q) for q in queues}
