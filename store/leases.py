@@ -1,0 +1,462 @@
+"""``LeaseStore``: the pending backlog of every shard, in SQL.
+
+The seed's scheduler pass starts with "fetch up to n schedulable leases": a shard's
+scheduler holds only a bounded window of each queue in memory and refills it from here.
+That keeps a million-action backfill out of the scheduler workflow's history and
+continue-as-new payload, while submitters and the scheduler meet through two cheap
+primitives:
+
+* :meth:`LeaseStore.put_lease` / :meth:`LeaseStore.finish_lease` (called by an action's
+  workflow through a local activity) write a row and flip the channel's flag; they return
+  True only when the caller must nudge the scheduler (the flag was clear). Submitters
+  that find the flag already set stay silent: a nudge is already on its way or the
+  scheduler knows the queue has more.
+* :meth:`LeaseStore.sync` (called by the scheduler workflow through a local activity)
+  clears the flags of the channels it reads, claims up to ``room`` pending leases per
+  queue and every unclaimed end, in one transaction, under a deterministic token, so a
+  retried sync returns exactly what the first attempt claimed.
+
+Lost-wakeup freedom: a submitter flips the flag *after* inserting in the same
+transaction, and the scheduler clears the flag *before* reading in its transaction. Under
+PostgreSQL's READ COMMITTED the row lock on the flag orders the two: either the
+submitter's flip commits first (then the scheduler's read sees its lease) or the clear
+commits first (then the submitter flips false -> true and nudges). SQLite serializes
+writers (``BEGIN IMMEDIATE``), which gives the same order.
+
+SQLite is the default (``sqlite:///.headway/headway.db``); any SQLAlchemy URL works, e.g.
+``postgresql+psycopg://user@host/db`` via ``HEADWAY_DATABASE_URL``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, delete, event, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+from sqlalchemy.pool import StaticPool
+
+from .models import Base, LeaseRow, ShardFlag
+
+__all__ = ["DEFAULT_DATABASE_URL", "DONE_CHANNEL", "LeaseStore", "SyncResult", "queue_channel"]
+
+DEFAULT_DATABASE_URL = "sqlite:///.headway/headway.db"
+DONE_CHANNEL = "done"
+
+
+def queue_channel(queue: str) -> str:
+    """Flag channel of new leases in ``queue``."""
+    return f"q:{queue}"
+
+
+@dataclass
+class SyncResult:
+    """What one sync hands the scheduler.
+
+    Attributes:
+        leases: newly claimed leases, oldest first per queue, as stored spec dicts (an
+            ``ActionSpec.to_dict()`` without a meaningful ``seq``, plus ``workflow_id``).
+        done: ``[action_id, "finished" | "cancelled"]`` for every end claimed.
+        more: queues that still hold pending leases the scheduler has not claimed.
+        more_done: ends remain unclaimed (the per-sync cap was hit).
+    """
+
+    leases: list[dict[str, Any]] = field(default_factory=list)
+    done: list[list[str]] = field(default_factory=list)
+    more: list[str] = field(default_factory=list)
+    more_done: bool = False
+
+
+class LeaseStore:
+    """Pending leases and shard flags in SQL (SQLite or PostgreSQL)."""
+
+    def __init__(self, url: str | None = None, *, engine: Engine | None = None) -> None:
+        """Open (and create if needed) the store.
+
+        Args:
+            url: SQLAlchemy URL; defaults to ``$HEADWAY_DATABASE_URL`` or a SQLite file
+                under ``.headway/``. ``sqlite://`` (no path) is one shared in-memory db.
+            engine: an existing engine instead of ``url``.
+        """
+        if engine is None:
+            url = url or os.environ.get("HEADWAY_DATABASE_URL") or DEFAULT_DATABASE_URL
+            engine = _make_engine(url)
+        self.engine = engine
+        # SQLite allows one writer at a time; serializing in-process avoids busy retries
+        # (and the in-memory database shares one connection between threads).
+        self._lock: AbstractContextManager[Any] = (
+            threading.Lock() if engine.dialect.name == "sqlite" else nullcontext()
+        )
+        Base.metadata.create_all(engine)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.engine.dispose()
+
+    # --- submitters ---------------------------------------------------------------
+
+    def put_lease(
+        self,
+        tenant: str,
+        action_id: str,
+        queue: str,
+        workflow_id: str,
+        spec: Mapping[str, Any],
+        submitted_at: float,
+    ) -> bool:
+        """Record a pending lease (idempotent) and flip its queue's flag.
+
+        Returns:
+            True if the caller must nudge the scheduler: the flag was clear, or the lease
+            already existed (a retried call whose nudge may not have gone out).
+        """
+        with self._lock, self.engine.begin() as conn:
+            inserted = self._insert_ignore(
+                conn,
+                LeaseRow,
+                {
+                    "tenant": tenant,
+                    "action_id": action_id,
+                    "queue": queue,
+                    "workflow_id": workflow_id,
+                    "spec": json.dumps(dict(spec), separators=(",", ":")),
+                    "submitted_at": submitted_at,
+                    "status": "pending",
+                },
+            )
+            flipped = self._flip(conn, tenant, queue_channel(queue))
+        return flipped or not inserted
+
+    def put_many(
+        self,
+        tenant: str,
+        rows: Iterable[tuple[str, str, str, Mapping[str, Any], float]],
+        *,
+        chunk: int = 20_000,
+    ) -> int:
+        """Bulk-load pending leases ``(action_id, queue, workflow_id, spec, submitted_at)``.
+
+        For backfills and benchmarks: rows must be new (no idempotency), and the caller
+        nudges once afterwards if the returned flags say so. Returns the number of rows.
+        """
+        n = 0
+        queues: set[str] = set()
+        batch: list[dict[str, Any]] = []
+        table = LeaseRow.__table__
+        with self._lock, self.engine.begin() as conn:
+            for action_id, queue, workflow_id, spec, at in rows:
+                queues.add(queue)
+                batch.append(
+                    {
+                        "tenant": tenant,
+                        "action_id": action_id,
+                        "queue": queue,
+                        "workflow_id": workflow_id,
+                        "spec": json.dumps(dict(spec), separators=(",", ":")),
+                        "submitted_at": at,
+                        "status": "pending",
+                        "claim": None,
+                        "done": None,
+                        "done_claim": None,
+                    }
+                )
+                if len(batch) >= chunk:
+                    conn.execute(table.insert(), batch)
+                    n += len(batch)
+                    batch = []
+            if batch:
+                conn.execute(table.insert(), batch)
+                n += len(batch)
+            for q in sorted(queues):
+                self._flip(conn, tenant, queue_channel(q))
+        return n
+
+    def finish_lease(self, tenant: str, action_id: str, kind: str) -> bool:
+        """Record that an action ended (``finished``), was cancelled, or was rejected.
+
+        A lease the scheduler never claimed is simply deleted (it never held anything);
+        a rejected one too (the scheduler already forgot it). Otherwise ``done`` is set
+        once and the ``done`` flag flipped.
+
+        Returns:
+            True if the caller must nudge the scheduler.
+        """
+        if kind not in ("finished", "cancelled", "rejected"):
+            raise ValueError(f"kind: {kind!r} is not one of finished, cancelled, rejected")
+        key = (LeaseRow.tenant == tenant) & (LeaseRow.action_id == action_id)
+        with self._lock, self.engine.begin() as conn:
+            if kind == "rejected":
+                conn.execute(delete(LeaseRow).where(key))
+                return False
+            dropped = conn.execute(
+                delete(LeaseRow).where(key & (LeaseRow.status == "pending"))
+            ).rowcount
+            if dropped:
+                return False
+            marked = conn.execute(
+                update(LeaseRow).where(key & LeaseRow.done.is_(None)).values(done=kind)
+            ).rowcount
+            if not marked:
+                # Already marked (a retry) or gone: nudge again only if still unclaimed.
+                row = conn.execute(select(LeaseRow.done_claim).where(key)).first()
+                return row is not None and row[0] is None
+            return self._flip(conn, tenant, DONE_CHANNEL) or False
+
+    # --- the scheduler ------------------------------------------------------------
+
+    def sync(
+        self,
+        tenant: str,
+        token: str,
+        room: Mapping[str, int],
+        *,
+        default_room: int = 500,
+        max_leases: int = 2000,
+        max_done: int = 5000,
+        forget: Sequence[str] = (),
+    ) -> SyncResult:
+        """Claim new leases and ends for the scheduler, idempotently per ``token``.
+
+        Args:
+            tenant: the shard.
+            token: unique per sync call of the scheduler (deterministic: run id + counter);
+                a retry with the same token returns exactly what the first attempt claimed.
+            room: free window slots per queue; a queue with 0 room is not read and its
+                flag is left set (so submitters stay silent until the window drains).
+            default_room: room of queues the scheduler does not know (to be rejected).
+            max_leases: cap of leases per sync, to bound the activity result payload.
+            max_done: cap of ends per sync.
+            forget: action ids whose leases the scheduler dropped (workflow gone).
+        """
+        with self._lock, self.engine.begin() as conn:
+            if forget:
+                conn.execute(
+                    delete(LeaseRow).where(
+                        (LeaseRow.tenant == tenant) & LeaseRow.action_id.in_(list(forget))
+                    )
+                )
+            prior = self._claimed_by(conn, tenant, token)
+            if prior is not None:
+                prior.more = self._pending_queues(conn, tenant)
+                return prior
+            # Ends the scheduler applied in an earlier sync are durable in its history.
+            conn.execute(
+                delete(LeaseRow).where(
+                    (LeaseRow.tenant == tenant)
+                    & LeaseRow.done_claim.is_not(None)
+                    & (LeaseRow.done_claim != token)
+                )
+            )
+            out = SyncResult()
+            self._clear(conn, tenant, DONE_CHANNEL)
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    select(LeaseRow.id)
+                    .where(
+                        (LeaseRow.tenant == tenant)
+                        & LeaseRow.done.is_not(None)
+                        & LeaseRow.done_claim.is_(None)
+                        & (LeaseRow.status == "claimed")
+                    )
+                    .order_by(LeaseRow.id)
+                    .limit(max_done + 1)
+                )
+            ]
+            out.more_done = len(ids) > max_done
+            ids = ids[:max_done]
+            if ids:
+                conn.execute(update(LeaseRow).where(LeaseRow.id.in_(ids)).values(done_claim=token))
+                out.done = [
+                    [a, d]
+                    for a, d in conn.execute(
+                        select(LeaseRow.action_id, LeaseRow.done)
+                        .where(LeaseRow.id.in_(ids))
+                        .order_by(LeaseRow.id)
+                    )
+                ]
+            budget = max_leases
+            for queue in self._pending_queues(conn, tenant):
+                want = min(room.get(queue, default_room), budget)
+                if want <= 0:
+                    continue
+                self._clear(conn, tenant, queue_channel(queue))
+                rows = conn.execute(
+                    select(LeaseRow.id)
+                    .where(
+                        (LeaseRow.tenant == tenant)
+                        & (LeaseRow.status == "pending")
+                        & (LeaseRow.queue == queue)
+                    )
+                    .order_by(LeaseRow.id)
+                    .limit(want)
+                ).all()
+                got = [r[0] for r in rows]
+                if not got:
+                    continue
+                conn.execute(
+                    update(LeaseRow)
+                    .where(LeaseRow.id.in_(got) & (LeaseRow.status == "pending"))
+                    .values(status="claimed", claim=token)
+                )
+                budget -= len(got)
+            out.leases = self._leases_claimed(conn, tenant, token)
+            out.more = self._pending_queues(conn, tenant)
+            return out
+
+    # --- introspection ------------------------------------------------------------
+
+    def pending_count(self, tenant: str, queue: str | None = None) -> int:
+        """Leases not yet claimed by the scheduler."""
+        cond = (LeaseRow.tenant == tenant) & (LeaseRow.status == "pending")
+        if queue is not None:
+            cond = cond & (LeaseRow.queue == queue)
+        with self._lock, self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).where(cond)).scalar_one())
+
+    def lease_count(self, tenant: str) -> int:
+        """All lease rows of a tenant (pending, claimed, or ended but not yet collected)."""
+        with self._lock, self.engine.connect() as conn:
+            return int(
+                conn.execute(select(func.count()).where(LeaseRow.tenant == tenant)).scalar_one()
+            )
+
+    def flag(self, tenant: str, channel: str) -> bool:
+        """Current value of a shard flag (False if never set)."""
+        with self._lock, self.engine.connect() as conn:
+            row = conn.execute(
+                select(ShardFlag.dirty).where(
+                    (ShardFlag.tenant == tenant) & (ShardFlag.channel == channel)
+                )
+            ).first()
+            return bool(row[0]) if row else False
+
+    # --- internals ----------------------------------------------------------------
+
+    def _insert_ignore(self, conn: Connection, model: type[Base], values: dict[str, Any]) -> bool:
+        table = model.__table__
+        stmt: Any
+        if self.dialect == "postgresql":
+            stmt = postgresql.insert(table).values(**values).on_conflict_do_nothing()
+        elif self.dialect == "sqlite":
+            stmt = sqlite.insert(table).values(**values).on_conflict_do_nothing()
+        else:  # pragma: no cover - other dialects: best effort
+            exists = conn.execute(
+                select(func.count())
+                .select_from(table)
+                .where(
+                    *[
+                        table.c[k] == v
+                        for k, v in values.items()
+                        if k in ("tenant", "action_id", "channel")
+                    ]
+                )
+            ).scalar_one()
+            if exists:
+                return False
+            stmt = table.insert().values(**values)
+        return bool(conn.execute(stmt).rowcount)
+
+    def _flip(self, conn: Connection, tenant: str, channel: str) -> bool:
+        self._insert_ignore(conn, ShardFlag, {"tenant": tenant, "channel": channel, "dirty": False})
+        return bool(
+            conn.execute(
+                update(ShardFlag)
+                .where(
+                    (ShardFlag.tenant == tenant)
+                    & (ShardFlag.channel == channel)
+                    & ShardFlag.dirty.is_(False)
+                )
+                .values(dirty=True)
+            ).rowcount
+        )
+
+    def _clear(self, conn: Connection, tenant: str, channel: str) -> None:
+        conn.execute(
+            update(ShardFlag)
+            .where((ShardFlag.tenant == tenant) & (ShardFlag.channel == channel))
+            .values(dirty=False)
+        )
+
+    def _pending_queues(self, conn: Connection, tenant: str) -> list[str]:
+        return [
+            r[0]
+            for r in conn.execute(
+                select(LeaseRow.queue)
+                .where((LeaseRow.tenant == tenant) & (LeaseRow.status == "pending"))
+                .group_by(LeaseRow.queue)
+                .order_by(LeaseRow.queue)
+            )
+        ]
+
+    def _leases_claimed(self, conn: Connection, tenant: str, token: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for spec, wf_id, at in conn.execute(
+            select(LeaseRow.spec, LeaseRow.workflow_id, LeaseRow.submitted_at)
+            .where((LeaseRow.tenant == tenant) & (LeaseRow.claim == token))
+            .order_by(LeaseRow.id)
+        ):
+            d = json.loads(spec)
+            d["workflow_id"] = wf_id
+            d["submit"] = at
+            out.append(d)
+        return out
+
+    def _claimed_by(self, conn: Connection, tenant: str, token: str) -> SyncResult | None:
+        leases = self._leases_claimed(conn, tenant, token)
+        done = [
+            [a, d]
+            for a, d in conn.execute(
+                select(LeaseRow.action_id, LeaseRow.done)
+                .where((LeaseRow.tenant == tenant) & (LeaseRow.done_claim == token))
+                .order_by(LeaseRow.id)
+            )
+        ]
+        if not leases and not done:
+            return None
+        return SyncResult(leases=leases, done=done)
+
+
+def _make_engine(url: str) -> Engine:
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    path = url.split("///", 1)[1] if "///" in url else ""
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url, connect_args={"timeout": 60, "check_same_thread": False}, pool_size=8
+        )
+    else:
+        # One shared connection: every thread must see the same in-memory database.
+        engine = create_engine(
+            "sqlite://",
+            connect_args={"check_same_thread": False},
+            poolclass=StaticPool,
+        )
+
+    # pysqlite's own transaction handling begins lazily and upgrades read locks to write
+    # locks mid-transaction, which deadlocks concurrent writers; take the write lock up
+    # front instead (SQLAlchemy's documented recipe).
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        if path and path != ":memory:":
+            dbapi_conn.execute("PRAGMA journal_mode=WAL")
+            dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine

@@ -1,0 +1,174 @@
+"""End-to-end lifecycle on a real dev server: submit -> admit -> run -> finish, and more."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from headway import protocol
+from headway.protocol import DemandRequest, SubmitRequest
+from headway.workflows import client as hw
+from temporalio.client import Client, WorkflowUpdateFailedError
+
+from .conftest import Plane
+
+pytestmark = pytest.mark.integration
+
+
+def req(tenant: str, action_id: str, queue: str = "default", **kw: object) -> SubmitRequest:
+    demand = kw.pop("demand", None) or DemandRequest(resources={"cpu": "1", "memory": "1Gi"})
+    return SubmitRequest(action_id=action_id, queue=queue, demand=demand, tenant=tenant, **kw)  # type: ignore[arg-type]
+
+
+async def eventually(pred: Callable[[], object], timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not await _call(pred):
+        if loop.time() > end:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.1)
+
+
+async def _call(pred: Callable[[], object]) -> object:
+    r = pred()
+    if asyncio.iscoroutine(r):
+        return await r
+    return r
+
+
+async def setup_queue(plane: Plane, tenant: str, **spec: object) -> dict[str, object]:
+    return await hw.upsert_queue(plane.client, tenant, {"name": "default", **spec}, plane.fleet)
+
+
+async def test_submit_admit_run_finish(plane: Plane, tenant: str) -> None:
+    await setup_queue(plane, tenant)
+    h = await hw.submit(plane.client, req(tenant, "a1", duration_s=0.1))
+    res = await hw.wait_result(h)
+    assert res.state == "succeeded", res
+    assert res.cluster == "c1"
+    assert plane.cluster.finished == ["a1"]
+    st = await hw.action_state(plane.client, tenant, "a1")
+    assert st.state == "succeeded"
+    assert st.queue == "default"
+    assert [e.kind for e in st.events][-1] == protocol.ActionEventKind.SUCCEEDED
+    desc = await h.describe()
+    sa = desc.typed_search_attributes
+    from headway.workflows.action import SA
+
+    assert sa.get(SA["HeadwayState"]) == "succeeded"
+    assert sa.get(SA["HeadwayCluster"]) == "c1"
+    assert sa.get(SA["HeadwayQueue"]) == "default"
+    assert sa.get(SA["HeadwayTenant"]) == tenant
+    # The release reached the scheduler: nothing waits or runs, the store is empty.
+    await eventually(
+        lambda: _queue_idle(plane.client, tenant, "default"),
+    )
+    await eventually(lambda: plane.store.pending_count(tenant) == 0)
+
+
+async def _queue_idle(client: Client, tenant: str, queue: str) -> bool:
+    q = (await hw.get_queues(client, tenant))[queue]
+    return q["waiting"] == 0 and q["running"] == 0
+
+
+async def test_oom_is_attributed(plane: Plane, tenant: str) -> None:
+    await setup_queue(plane, tenant)
+    h = await hw.submit(plane.client, req(tenant, "oom1", inject="oom"))
+    res = await hw.wait_result(h)
+    assert res.state == "failed"
+    assert res.reason == "OOMKilled"
+    assert res.exit_code == 137
+    await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
+
+
+async def test_rejections(plane: Plane, tenant: str) -> None:
+    await setup_queue(plane, tenant, status="draining")
+    r1 = await hw.wait_result(await hw.submit(plane.client, req(tenant, "r1")))
+    assert (r1.state, r1.reason) == ("rejected", "QueueDraining")
+    r2 = await hw.wait_result(await hw.submit(plane.client, req(tenant, "r2", queue="nope")))
+    assert (r2.state, r2.reason) == ("rejected", "UnknownQueue")
+    bad = req(tenant, "r3", demand=DemandRequest(resources={"cpu": "lots"}))
+    r3 = await hw.wait_result(await hw.submit(plane.client, bad))
+    assert r3.state == "rejected"
+    assert "cpu" in r3.message and "lots" in r3.message
+    await eventually(lambda: plane.store.pending_count(tenant) == 0)
+
+
+async def test_bad_queue_config_is_rejected_with_field(plane: Plane, tenant: str) -> None:
+    await setup_queue(plane, tenant)
+    with pytest.raises(WorkflowUpdateFailedError) as exc:
+        await hw.upsert_queue(plane.client, tenant, {"name": "q2", "action_concurrency": -3})
+    assert "action_concurrency" in str(exc.value.cause) and "-3" in str(exc.value.cause)
+    with pytest.raises(WorkflowUpdateFailedError) as exc:
+        await hw.update_queue(plane.client, tenant, "missing", {"depth": 3})
+    assert "missing" in str(exc.value.cause)
+    with pytest.raises(WorkflowUpdateFailedError) as exc:
+        await hw.set_org(plane.client, tenant, {"max_concurrent_actions": "x"})
+    assert "max_concurrent_actions" in str(exc.value.cause)
+    queues = await hw.get_queues(plane.client, tenant)
+    assert set(queues) == {"default"}
+
+
+async def test_cancel_while_waiting(plane: Plane, tenant: str) -> None:
+    await setup_queue(plane, tenant, action_concurrency=0)
+    h = await hw.submit(plane.client, req(tenant, "w1"))
+    await eventually(lambda: _state_is(plane, tenant, "w1", "waiting"))
+    await eventually(lambda: _why_state(plane, tenant, "w1", "waiting"))
+    why = await hw.why(plane.client, tenant, "w1")
+    assert why["reason"] == "ActionConcurrency"
+    await h.cancel()
+    res = await hw.wait_result(h)
+    assert res.state == "cancelled", res
+    assert plane.cluster.started == []
+    await eventually(lambda: _why_state(plane, tenant, "w1", None))
+    await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
+    await eventually(lambda: plane.store.pending_count(tenant) == 0)
+
+
+async def test_cancel_while_running(plane: Plane, tenant: str) -> None:
+    await setup_queue(plane, tenant)
+    plane.cluster.gate = asyncio.Event()
+    h = await hw.submit(plane.client, req(tenant, "run1"))
+    await eventually(lambda: "run1" in plane.cluster.running)
+    await eventually(lambda: _state_is(plane, tenant, "run1", "running"))
+    await h.cancel()
+    res = await hw.wait_result(h)
+    assert res.state == "cancelled"
+    assert plane.cluster.cancelled == ["run1"]
+    assert plane.cluster.deleted == ["run1"]
+    await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
+    await eventually(lambda: plane.store.pending_count(tenant) == 0)
+
+
+async def test_live_queue_update_keeps_inflight(plane: Plane, tenant: str) -> None:
+    await setup_queue(plane, tenant)
+    plane.cluster.gate = asyncio.Event()
+    handles = [await hw.submit(plane.client, req(tenant, f"l{i}")) for i in range(3)]
+    await eventually(lambda: len(plane.cluster.running) == 3)
+    spec = await hw.update_queue(plane.client, tenant, "default", {"action_concurrency": 1})
+    assert spec["action_concurrency"] == 1
+    more = await hw.submit(plane.client, req(tenant, "l3"))
+    await eventually(lambda: _why_state(plane, tenant, "l3", "waiting"))
+    assert (await hw.why(plane.client, tenant, "l3"))["reason"] == "ActionConcurrency"
+    assert len(plane.cluster.running) == 3  # nothing in flight was touched
+    plane.cluster.gate.set()
+    results = [await hw.wait_result(h) for h in [*handles, more]]
+    assert [r.state for r in results] == ["succeeded"] * 4
+    assert sorted(plane.cluster.finished) == ["l0", "l1", "l2", "l3"]
+
+
+async def _state_is(plane: Plane, tenant: str, action_id: str, state: str) -> bool:
+    try:
+        st = await hw.action_state(plane.client, tenant, action_id)
+    except Exception:
+        return False
+    return st.state == state
+
+
+async def _why_state(plane: Plane, tenant: str, action_id: str, state: str | None) -> bool:
+    try:
+        w = await hw.why(plane.client, tenant, action_id)
+    except Exception:
+        return False
+    return w["state"] == state

@@ -1,0 +1,80 @@
+"""The control-plane worker: both workflows plus the store and dispatch activities.
+
+Runs on ``protocol.CONTROL_TASK_QUEUE``. Any number of these may run against one
+Temporal namespace and one database; each tenant's scheduler workflow lives on whichever
+worker holds it, so tenants never serialize behind each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from headway import protocol
+from headway.activities.dispatch import DispatchActivities
+from headway.activities.store import StoreActivities
+from headway.scheduler.model import ClusterSpec
+from headway.store import LeaseStore
+from headway.workflows.action import ActionWorkflow
+from headway.workflows.scheduler import SchedulerWorkflow
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+__all__ = ["build_control_plane_worker", "run_control_plane_worker"]
+
+
+def build_control_plane_worker(
+    client: Client,
+    store: LeaseStore,
+    fleet: Sequence[ClusterSpec] = (),
+    *,
+    task_queue: str = protocol.CONTROL_TASK_QUEUE,
+) -> Worker:
+    """A Worker (not yet running) with the workflows and activities of the control plane.
+
+    Args:
+        client: connected Temporal client (also used by activities to signal workflows).
+        store: the lease store.
+        fleet: clusters known up front; passed to a scheduler workflow when one starts.
+        task_queue: override for tests.
+    """
+    store_acts = StoreActivities(store, client, fleet)
+    dispatch = DispatchActivities(client)
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[ActionWorkflow, SchedulerWorkflow],
+        activities=[
+            store_acts.put_lease,
+            store_acts.finish_lease,
+            store_acts.sync,
+            dispatch.dispatch,
+        ],
+        max_concurrent_activities=200,
+        max_concurrent_local_activities=200,
+    )
+
+
+async def run_control_plane_worker(
+    client: Client,
+    *,
+    database_url: str | None = None,
+    fleet: list[ClusterSpec] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run the control-plane worker until ``stop`` is set (or forever).
+
+    Args:
+        client: connected Temporal client.
+        database_url: SQLAlchemy URL of the lease store; default ``$HEADWAY_DATABASE_URL``
+            or SQLite under ``.headway/``.
+        fleet: clusters known up front (the fleet file), handed to scheduler workflows.
+        stop: set it to shut the worker down gracefully.
+    """
+    store = LeaseStore(database_url)
+    worker = build_control_plane_worker(client, store, fleet or [])
+    try:
+        async with worker:
+            await (stop.wait() if stop is not None else asyncio.Event().wait())
+    finally:
+        store.close()

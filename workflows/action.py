@@ -1,0 +1,381 @@
+"""``ActionWorkflow``: one action's lifecycle, from enqueue to its end.
+
+Lifecycle: ``waiting`` (lease written, scheduler nudged) -> ``running`` (admitted; the
+cluster-local ``RUN_ACTION_ACTIVITY`` creates the pods and relays informer events) ->
+``succeeded`` | ``failed`` | ``cancelled`` | ``rejected``.
+
+Submit path: the action computes its demand once (the resolved queue and the demand are
+in the workflow input and the lease, so both survive restarts), then a *local* activity
+writes the lease to the store and nudges the shard scheduler only when the queue's flag
+was clear (see ``headway.activities.store``). The scheduler answers with one
+``ADMIT_SIGNAL`` (or ``REJECT_SIGNAL``) delivered by its batched dispatch activity.
+
+Release exactly once: every exit path after the lease is written goes through one
+``finish_lease`` local activity (``finished`` / ``cancelled`` / ``rejected``); the store
+records the end once and hands it to the scheduler once, and the core's ``finish`` and
+``cancel`` are idempotent besides.
+
+Reasons while waiting: the scheduler does not signal actions when their reason changes
+(that would be one signal per action per pass). ``HeadwayReason`` shows ``Waiting`` until
+the admission, which carries the pass's reasons; the live "why" of a waiting action is
+the scheduler's ``why`` query (``headway.workflows.client.why``), answered by the same
+state machine that schedules it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+with workflow.unsafe.imports_passed_through():
+    from headway import protocol
+    from headway.protocol import (
+        ActionEvent,
+        ActionEventKind,
+        Admission,
+        DispatchRequest,
+        GangKind,
+        PodSpec,
+        SubmitRequest,
+    )
+    from headway.scheduler import demand_from_request
+    from headway.scheduler.model import ActionSpec, DemandKind
+    from headway.scheduler.resources import Pod
+    from headway.workflows.shared import (
+        FINISH_LEASE_ACTIVITY,
+        PUT_LEASE_ACTIVITY,
+        REJECT_SIGNAL,
+        FinishLeaseInput,
+        PutLeaseInput,
+        Rejection,
+    )
+
+__all__ = ["SA", "ActionResult", "ActionStatus", "ActionWorkflow"]
+
+#: Typed search attribute keys (all Keyword), by ``protocol.SEARCH_ATTRIBUTES`` name.
+SA = {name: SearchAttributeKey.for_keyword(name) for name in protocol.SEARCH_ATTRIBUTES}
+
+#: Events kept on the workflow for the ``state`` query (the oldest are dropped first,
+#: the terminal one is always kept).
+MAX_EVENTS = 100
+
+_ROLES: dict[DemandKind, tuple[str, str]] = {
+    DemandKind.single: ("main", "main"),
+    DemandKind.replicas: ("worker", "worker"),
+    DemandKind.ray: ("ray-head", "ray-worker"),
+    DemandKind.spark: ("spark-driver", "spark-executor"),
+}
+
+
+@dataclass
+class ActionStatus:
+    """What the ``state`` query answers."""
+
+    action_id: str
+    tenant: str
+    queue: str
+    state: str  # submitting | waiting | running | succeeded | failed | cancelled | rejected
+    cluster: str | None = None
+    reason: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    events: list[ActionEvent] = field(default_factory=list)
+    submitted_at: float = 0.0
+    admitted_at: float | None = None
+    ended_at: float | None = None
+
+
+@dataclass
+class ActionResult:
+    """How an action ended (the workflow's result, or the details of its failure)."""
+
+    action_id: str
+    state: str  # succeeded | failed | cancelled | rejected
+    cluster: str | None = None
+    reason: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    message: str = ""
+
+
+@workflow.defn(name=protocol.ACTION_WORKFLOW)
+class ActionWorkflow:
+    """One action: enqueue with the shard scheduler, run when admitted, release once."""
+
+    def __init__(self) -> None:
+        self._req: SubmitRequest | None = None
+        self._status = ActionStatus("", "", "", "submitting")
+        self._admission: Admission | None = None
+        self._rejection: Rejection | None = None
+        self._terminal: ActionEvent | None = None
+
+    # --- handlers -----------------------------------------------------------------
+
+    @workflow.signal(name=protocol.ADMIT_SIGNAL)
+    def admit(self, admission: Admission) -> None:
+        """The scheduler admitted this action (repeats from a retried batch are ignored)."""
+        if self._admission is None and self._rejection is None:
+            self._admission = admission
+
+    @workflow.signal(name=REJECT_SIGNAL)
+    def reject(self, rejection: Rejection) -> None:
+        """The scheduler refused this action at submission."""
+        if self._admission is None and self._rejection is None:
+            self._rejection = rejection
+
+    @workflow.signal(name=protocol.ACTION_EVENT_SIGNAL)
+    def action_event(self, event: ActionEvent) -> None:
+        """An informer event from the cluster worker (progress, OOM, preemption ...)."""
+        events = self._status.events
+        events.append(event)
+        if len(events) > MAX_EVENTS:
+            del events[: len(events) - MAX_EVENTS]
+        if event.kind in protocol.TERMINAL_EVENTS and self._terminal is None:
+            self._terminal = event
+
+    @workflow.query(name="state")
+    def state(self) -> ActionStatus:
+        """State, queue, cluster, reasons and recorded events."""
+        return self._status
+
+    # --- the lifecycle ------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, req: SubmitRequest) -> ActionResult:
+        """Enqueue, wait for admission, run on the admitted cluster, release.
+
+        Raises:
+            ApplicationError: the action failed (type = the attributed reason, e.g.
+                ``OOMKilled``) or was rejected (type ``Rejected``); details[0] is the
+                ``ActionResult`` as a dict.
+            asyncio.CancelledError: the action was cancelled (pods deleted, released).
+        """
+        self._req = req
+        info = workflow.info()
+        now = workflow.now().timestamp()
+        st = self._status
+        st.action_id, st.tenant, st.queue, st.submitted_at = (
+            req.action_id,
+            req.tenant,
+            req.queue,
+            now,
+        )
+        self._publish(run=True)
+        try:
+            kind, pods = demand_from_request(asdict(req.demand))
+        except ValueError as err:
+            return self._end_rejected("InvalidDemand", str(err))
+        spec = ActionSpec(
+            id=req.action_id,
+            queue=req.queue,
+            pods=tuple(pods),
+            run=req.run,
+            task=req.task,
+            submit=now,
+            estimate=req.estimate_s,
+            environment=req.environment,
+            kind=kind,
+        )
+        try:
+            await workflow.execute_local_activity(
+                PUT_LEASE_ACTIVITY,
+                PutLeaseInput(
+                    tenant=req.tenant,
+                    action_id=req.action_id,
+                    queue=req.queue,
+                    workflow_id=info.workflow_id,
+                    spec=spec.to_dict(),
+                    submitted_at=now,
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            )
+            st.state, st.reason = "waiting", "Waiting"
+            self._publish()
+            await workflow.wait_condition(
+                lambda: self._admission is not None or self._rejection is not None
+            )
+        except asyncio.CancelledError:
+            await self._release("cancelled")
+            self._end("cancelled", "Cancelled")
+            raise
+        if self._rejection is not None:
+            await self._release("rejected")
+            return self._end_rejected(self._rejection.reason, self._rejection.message)
+        admission = self._admission
+        assert admission is not None
+        return await self._run_on_cluster(req, spec, kind, admission)
+
+    async def _run_on_cluster(
+        self, req: SubmitRequest, spec: ActionSpec, kind: DemandKind, admission: Admission
+    ) -> ActionResult:
+        st = self._status
+        st.state, st.cluster = "running", admission.cluster
+        st.admitted_at = workflow.now().timestamp()
+        st.reasons = list(admission.reasons)
+        st.reason = "Admitted"
+        self._publish()
+        dispatch = DispatchRequest(
+            tenant=req.tenant,
+            action_id=req.action_id,
+            workflow_id=workflow.info().workflow_id,
+            cluster=admission.cluster,
+            kind=GangKind(kind.value),
+            pods=_pod_specs(kind, spec.pods, req),
+            duration_s=req.duration_s,
+            inject=req.inject,
+            node_hints=list(admission.node_hints),
+        )
+        try:
+            result: ActionEvent = await workflow.execute_activity(
+                protocol.RUN_ACTION_ACTIVITY,
+                dispatch,
+                result_type=ActionEvent,
+                task_queue=protocol.cluster_task_queue(admission.cluster),
+                start_to_close_timeout=timedelta(days=30),
+                heartbeat_timeout=timedelta(seconds=30),
+                # A retried attempt adopts the pods its predecessor created (the
+                # cluster worker's contract), so retrying never runs the work twice.
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=1),
+                    maximum_interval=timedelta(seconds=30),
+                    maximum_attempts=20,
+                ),
+                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            )
+        except (asyncio.CancelledError, ActivityError) as err:
+            cancelled = isinstance(err, asyncio.CancelledError) or isinstance(
+                err.cause, CancelledError
+            )
+            if not cancelled:
+                await self._release("finished")
+                msg = str(err.cause or err)
+                res = self._end("failed", "ClusterError", message=msg)
+                raise ApplicationError(
+                    msg, asdict(res), type="ClusterError", non_retryable=True
+                ) from err
+            await self._cancel_running(req, dispatch, admission)
+            raise asyncio.CancelledError() from err
+        await self._release("finished")
+        if self._terminal is None or self._terminal.kind != result.kind:
+            self.action_event(result)
+        if result.kind == ActionEventKind.SUCCEEDED:
+            return self._end("succeeded", "Succeeded", exit_code=result.exit_code)
+        reason = str(result.kind.value)
+        res = self._end(
+            "failed", reason, exit_code=result.exit_code, message=result.message or reason
+        )
+        raise ApplicationError(
+            f"action {req.action_id} {reason}: {result.message}".rstrip(": "),
+            asdict(res),
+            type=reason,
+            non_retryable=True,
+        )
+
+    async def _cancel_running(
+        self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission
+    ) -> None:
+        # Cancelling the run activity deleted the pods; make sure nothing is left.
+        try:
+            await workflow.execute_activity(
+                protocol.DELETE_ACTION_ACTIVITY,
+                dispatch,
+                task_queue=protocol.cluster_task_queue(admission.cluster),
+                start_to_close_timeout=timedelta(minutes=2),
+                schedule_to_close_timeout=timedelta(minutes=10),
+            )
+        except ActivityError as err:
+            # Still cancelled: the run activity's own cancellation deleted the pods;
+            # this was the belt to its braces.
+            workflow.logger.warning("delete of %s failed: %s", req.action_id, err)
+        await self._release("finished")
+        self._end("cancelled", "Cancelled")
+
+    # --- helpers ------------------------------------------------------------------
+
+    async def _release(self, kind: str) -> None:
+        assert self._req is not None
+        await workflow.execute_local_activity(
+            FINISH_LEASE_ACTIVITY,
+            FinishLeaseInput(tenant=self._req.tenant, action_id=self._req.action_id, kind=kind),
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+        )
+
+    def _end(
+        self,
+        state: str,
+        reason: str,
+        *,
+        exit_code: int | None = None,
+        message: str = "",
+    ) -> ActionResult:
+        st = self._status
+        st.state, st.reason = state, reason
+        st.ended_at = workflow.now().timestamp()
+        self._publish()
+        return ActionResult(
+            action_id=st.action_id,
+            state=state,
+            cluster=st.cluster,
+            reason=reason,
+            reasons=list(st.reasons),
+            exit_code=exit_code,
+            message=message,
+        )
+
+    def _end_rejected(self, reason: str, message: str) -> ActionResult:
+        self._status.reasons = [reason]
+        res = self._end("rejected", reason, message=message)
+        raise ApplicationError(
+            f"action {res.action_id} rejected: {reason}{': ' + message if message else ''}",
+            asdict(res),
+            type="Rejected",
+            non_retryable=True,
+        )
+
+    def _publish(self, run: bool = False) -> None:
+        """Upsert search attributes and memo so the Web UI lists and filters actions."""
+        st = self._status
+        pairs: list[SearchAttributePair[Any]] = [
+            SA["HeadwayState"].value_set(st.state),
+            SA["HeadwayReason"].value_set(st.reason or st.state),
+        ]
+        if run and self._req is not None:
+            pairs += [
+                SA["HeadwayQueue"].value_set(st.queue),
+                SA["HeadwayTenant"].value_set(st.tenant),
+                SA["HeadwayRun"].value_set(self._req.run or st.action_id),
+            ]
+        if st.cluster:
+            pairs.append(SA["HeadwayCluster"].value_set(st.cluster))
+        workflow.upsert_search_attributes(pairs)
+        workflow.upsert_memo(
+            {"state": st.state, "reason": st.reason, "cluster": st.cluster, "queue": st.queue}
+        )
+
+
+def _pod_specs(kind: DemandKind, pods: tuple[Pod, ...], req: SubmitRequest) -> list[PodSpec]:
+    first, rest = _ROLES[kind]
+    out: list[PodSpec] = []
+    for i, p in enumerate(pods):
+        role = first if i == 0 else rest
+        out.append(
+            PodSpec(
+                role=role,
+                index=i,
+                cpu_m=p.cpu,
+                memory=p.memory,
+                ephemeral_storage=p.eph,
+                gpu=p.gpu,
+                gpu_type=p.gpu_type,
+                image=req.image,
+                command=list(req.command),
+            )
+        )
+    return out

@@ -1,0 +1,183 @@
+"""Starter-side helpers the CLI and the SDK call. Stable API; all async.
+
+Every helper takes a connected ``temporalio.client.Client``. Scheduler calls address the
+tenant's scheduler workflow by ``protocol.scheduler_workflow_id(tenant)``; config calls
+start it if absent (``ensure_scheduler``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from headway import protocol
+from headway.protocol import SubmitRequest
+from headway.scheduler.model import ClusterSpec
+from headway.workflows.action import ActionResult, ActionStatus, ActionWorkflow
+from headway.workflows.scheduler import SchedulerWorkflow
+from headway.workflows.shared import SchedulerInput
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError, CancelledError
+
+__all__ = [
+    "action_state",
+    "cancel",
+    "ensure_scheduler",
+    "ensure_search_attributes",
+    "get_fleet",
+    "get_queues",
+    "set_org",
+    "submit",
+    "update_queue",
+    "upsert_queue",
+    "wait_result",
+    "why",
+]
+
+
+async def submit(
+    client: Client, req: SubmitRequest
+) -> WorkflowHandle[ActionWorkflow, ActionResult]:
+    """Start an action's workflow (id ``protocol.action_workflow_id(tenant, action_id)``).
+
+    The workflow enqueues itself with its shard scheduler (starting it if needed).
+    """
+    return await client.start_workflow(
+        ActionWorkflow.run,
+        req,
+        id=protocol.action_workflow_id(req.tenant, req.action_id),
+        task_queue=protocol.CONTROL_TASK_QUEUE,
+    )
+
+
+async def ensure_scheduler(
+    client: Client, tenant: str, fleet: Sequence[ClusterSpec] = ()
+) -> WorkflowHandle[SchedulerWorkflow, None]:
+    """Start the tenant's scheduler workflow if it is not running; return its handle."""
+    return await client.start_workflow(
+        SchedulerWorkflow.run,
+        SchedulerInput(tenant=tenant, fleet=[c.to_dict() for c in fleet]),
+        id=protocol.scheduler_workflow_id(tenant),
+        task_queue=protocol.CONTROL_TASK_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+
+
+async def upsert_queue(
+    client: Client, tenant: str, spec: dict[str, Any], fleet: Sequence[ClusterSpec] = ()
+) -> dict[str, Any]:
+    """Create or replace a queue (``QueueSpec.to_dict()`` notation); returns it as applied.
+
+    Raises:
+        temporalio.client.WorkflowUpdateFailedError: invalid spec (message names the field).
+    """
+    h = await ensure_scheduler(client, tenant, fleet)
+    out: dict[str, Any] = await h.execute_update(protocol.UPSERT_QUEUE_UPDATE, spec)
+    return out
+
+
+async def update_queue(
+    client: Client, tenant: str, name: str, changes: dict[str, Any]
+) -> dict[str, Any]:
+    """Change knobs of a queue live (scenario-file notation; None unsets). Returns the spec."""
+    h = await ensure_scheduler(client, tenant)
+    out: dict[str, Any] = await h.execute_update(
+        protocol.UPDATE_QUEUE_UPDATE, {"name": name, "changes": changes}
+    )
+    return out
+
+
+async def set_org(client: Client, tenant: str, org: dict[str, Any]) -> dict[str, Any]:
+    """Replace the tenant's org limits (``OrgLimits.to_dict()`` notation)."""
+    h = await ensure_scheduler(client, tenant)
+    out: dict[str, Any] = await h.execute_update(protocol.SET_ORG_UPDATE, org)
+    return out
+
+
+async def get_queues(client: Client, tenant: str) -> dict[str, dict[str, Any]]:
+    """Per queue: config and stats (waiting, running, usage, blocked head, ...)."""
+    h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    out: dict[str, dict[str, Any]] = await h.query("queues")
+    return out
+
+
+async def get_fleet(client: Client, tenant: str) -> dict[str, Any]:
+    """Clusters the tenant's scheduler knows, with their last capacity reports."""
+    h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    out: dict[str, Any] = await h.query("fleet")
+    return out
+
+
+async def why(client: Client, tenant: str, action_id: str) -> dict[str, Any]:
+    """Why an action is where it is, from the scheduler that decides it.
+
+    Returns ``{"action_id", "state", "reason", "reasons", "message"}``; ``state`` None
+    means the action is not in the scheduler's window (see ``action_state`` for its own
+    view: queued in the store, ended, ...).
+    """
+    h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    out: dict[str, Any] = await h.query("why", action_id)
+    return out
+
+
+async def action_state(client: Client, tenant: str, action_id: str) -> ActionStatus:
+    """The action workflow's own ``state`` query (state, queue, cluster, reasons, events)."""
+    h = client.get_workflow_handle(protocol.action_workflow_id(tenant, action_id))
+    return await h.query(ActionWorkflow.state)
+
+
+async def cancel(client: Client, tenant: str, action_id: str) -> None:
+    """Request cancellation of an action (waiting: leaves the queue; running: pods deleted)."""
+    await client.get_workflow_handle(protocol.action_workflow_id(tenant, action_id)).cancel()
+
+
+async def wait_result(handle: WorkflowHandle[Any, Any]) -> ActionResult:
+    """Wait for an action to end; failures, rejections and cancellation become results.
+
+    Returns:
+        ``ActionResult`` with state ``succeeded``, ``failed``, ``rejected`` or
+        ``cancelled``.
+    """
+    try:
+        res = await handle.result()
+    except WorkflowFailureError as err:
+        cause = err.cause
+        if isinstance(cause, CancelledError):
+            try:
+                st: ActionStatus = await handle.query(ActionWorkflow.state)
+                action_id = st.action_id
+            except Exception:  # no worker to answer: fall back to the workflow id
+                action_id = handle.id.rsplit("-", 1)[-1]
+            return ActionResult(action_id=action_id, state="cancelled", reason="Cancelled")
+        if isinstance(cause, ApplicationError) and cause.details:
+            d = cause.details[0]
+            if isinstance(d, dict) and "state" in d:
+                return ActionResult(**d)
+        raise
+    if isinstance(res, ActionResult):
+        return res
+    return ActionResult(**res)
+
+
+async def ensure_search_attributes(client: Client, namespace: str | None = None) -> None:
+    """Register Headway's search attributes (idempotent; needs operator permissions)."""
+    try:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=namespace or client.namespace,
+                search_attributes={
+                    name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
+                    for name in protocol.SEARCH_ATTRIBUTES
+                },
+            )
+        )
+    except Exception as err:  # already registered
+        if "already" not in str(err).lower():
+            raise

@@ -1,0 +1,584 @@
+"""``SchedulerWorkflow``: the one owner of a shard's (tenant's) scheduling state.
+
+It wraps the pure, deterministic core ``headway.scheduler.Scheduler`` and feeds it
+events; it never polls. Temporal's limits shape everything here:
+
+* **Event-driven, batched passes.** Signal and update handlers only record what changed
+  (cheap, synchronous); the main loop wakes once per activation, so every signal that
+  arrived in one workflow task is applied and followed by *one* core pass. A timer exists
+  only for the core's ``next_wakeup()`` (environment expiry, ...) and the lease reaper.
+* **Bounded windows, backlog in SQL.** Each queue's waiting actions in memory are capped
+  at ``WINDOW`` (default 500); the rest stay as pending leases in the store. The loop
+  refills a queue's window with a *local* activity (``LeaseStore.sync``) when it falls
+  below half, or when a nudge says the store has news and there is room. A million-action
+  backfill therefore costs this workflow a bounded snapshot and one sync per ~250
+  admissions, and another tenant (its own scheduler workflow, its own rows) shares
+  nothing with it but the database.
+* **Coalesced inbound signals.** Submitters and finishing actions do not signal per
+  action: they write the store and nudge only when a store flag flips (see
+  ``headway.activities.store``); ends come back through the same sync.
+* **Batched outbound signals.** Admissions and rejections of one or more passes go to
+  one dispatch activity call (``headway.activities.dispatch``), at most
+  ``MAX_DISPATCH_INFLIGHT`` at a time; while they run, new decisions accumulate into the
+  next batch. The workflow thus stays far below 2,000 pending outbound operations.
+* **Continue-as-new** when Temporal suggests it (or the history passes
+  ``MAX_HISTORY``), after in-flight dispatches drained and all handlers finished; the
+  core snapshot plus the small loop state (seq counter, store cursors, reaper clock) is
+  carried, and nothing outstanding is dropped.
+* **Reaping.** An admitted action whose workflow vanished (terminated) would hold its
+  reservation forever: the dispatch activity reports such workflows ``gone`` when it
+  signals them, and running leases older than ``REAP_AFTER_S`` are probed in batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from headway import protocol
+    from headway.protocol import Admission, CapacityReport
+    from headway.scheduler import Scheduler
+    from headway.scheduler.model import ActionSpec, ClusterSpec, OrgLimits, QueueSpec
+    from headway.scheduler.reasons import describe
+    from headway.workflows.shared import (
+        DISPATCH_ACTIVITY,
+        DONE_CHANNEL,
+        NUDGE_SIGNAL,
+        SYNC_ACTIVITY,
+        AdmitItem,
+        DispatchBatch,
+        DispatchResult,
+        Rejection,
+        RejectItem,
+        SchedulerInput,
+        SyncInput,
+        SyncOutput,
+    )
+
+__all__ = ["SchedulerWorkflow"]
+
+#: Waiting actions held in memory per queue; refilled below WINDOW // 2.
+WINDOW = 500
+#: Cap of leases one sync claims (bounds the local activity's result payload).
+MAX_SYNC_LEASES = 2000
+#: Cap of ends one sync claims.
+MAX_SYNC_DONE = 5000
+#: Syncs per loop iteration before a pass runs (keeps one activation well under 2 s).
+MAX_SYNCS_PER_ITERATION = 4
+#: Decisions per dispatch activity call.
+DISPATCH_BATCH = 1000
+MAX_DISPATCH_INFLIGHT = 4
+#: Running actions are probed for a vanished workflow after this long, then again.
+REAP_AFTER_S = 900.0
+REAP_BATCH = 500
+#: Continue as new at the latest here, whatever the server suggests.
+MAX_HISTORY = 10_000
+
+
+@dataclass
+class _Loop:
+    """Loop state carried across continue-as-new, besides the core snapshot."""
+
+    seq: int = 0
+    sync_no: int = 0
+    more: list[str] = field(default_factory=list)
+    nudged: list[str] = field(default_factory=list)
+    running_since: dict[str, float] = field(default_factory=dict)
+    forget: list[str] = field(default_factory=list)
+    workflow_ids: dict[str, str] = field(default_factory=dict)
+    capacity_seq: dict[str, int] = field(default_factory=dict)
+    capacity: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@workflow.defn(name=protocol.SCHEDULER_WORKFLOW)
+class SchedulerWorkflow:
+    """One per tenant: queues, reservations and clusters; emits admissions in batches."""
+
+    @workflow.init
+    def __init__(self, inp: SchedulerInput) -> None:
+        # Built here, not in run(): updates and signals of the first activation are
+        # handled before run() starts and must find the restored state.
+        self._tenant = inp.tenant
+        self._fleet = list(inp.fleet)
+        self._changed = True
+        self._nudged: set[str] = set()
+        self._more: set[str] = set()
+        self._out_admit: list[AdmitItem] = []
+        self._out_reject: list[RejectItem] = []
+        self._inflight = 0
+        self._timer_at: float | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._core: Scheduler
+        self._loop = _Loop()
+        if inp.carried:
+            self._core = Scheduler.from_snapshot(inp.carried["snapshot"])
+            self._loop = _Loop(**inp.carried["loop"])
+            self._nudged.update(self._loop.nudged)
+            self._more.update(self._loop.more)
+            self._out_admit = [_admit_item(d) for d in inp.carried.get("admit", [])]
+            self._out_reject = [_reject_item(d) for d in inp.carried.get("reject", [])]
+        else:
+            self._core = Scheduler(clusters=[ClusterSpec.from_dict(c) for c in inp.fleet])
+            # A fresh scheduler may have been (re)started over an existing backlog.
+            self._nudged.add(DONE_CHANNEL)
+            self._more.add("*")
+        known = self._cluster_names()
+        for c in inp.fleet:
+            if c["name"] not in known:
+                self._core.add_cluster(ClusterSpec.from_dict(c))
+        self._stats = {"passes": 0, "syncs": 0, "admitted": 0, "rejected": 0, "dispatches": 0}
+
+    # --- inbound: signals -----------------------------------------------------------
+
+    @workflow.signal(name=NUDGE_SIGNAL)
+    def nudge(self, channel: str) -> None:
+        """The store has news on ``channel`` (``q:<queue>`` or ``done``)."""
+        self._nudged.add(channel)
+        self._changed = True
+
+    @workflow.signal(name=protocol.CAPACITY_SIGNAL)
+    def capacity_report(self, report: CapacityReport) -> None:
+        """A cluster worker's view of its cluster; stale (reordered) reports are ignored."""
+        last = self._loop.capacity_seq.get(report.cluster)
+        if report.sequence and last is not None and report.sequence <= last:
+            return
+        if report.cluster not in self._cluster_names():
+            self._core.add_cluster(ClusterSpec(report.cluster))
+        self._core.report_capacity(report.cluster, report.nodes, report.reflected_actions)
+        self._loop.capacity_seq[report.cluster] = report.sequence
+        self._loop.capacity[report.cluster] = {
+            "known": report.nodes is not None,
+            "nodes": len(report.nodes) if report.nodes is not None else None,
+            "free_gpu": sum(n.free_gpu for n in report.nodes) if report.nodes else 0,
+            "free_cpu_m": sum(n.free_cpu_m for n in report.nodes) if report.nodes else 0,
+            "sequence": report.sequence,
+            "observed_at": report.observed_at,
+        }
+        self._changed = True
+
+    # --- inbound: queue configuration (updates with validators) ---------------------
+
+    @workflow.update(name=protocol.UPSERT_QUEUE_UPDATE)
+    def upsert_queue(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace a queue; returns the applied ``QueueSpec.to_dict()``."""
+        q = _parse_queue(spec)
+        _apply(lambda: self._core.upsert_queue(q))
+        self._changed = True
+        return q.to_dict()
+
+    @upsert_queue.validator
+    def _validate_upsert(self, spec: dict[str, Any]) -> None:
+        _parse_queue(spec)
+
+    @workflow.update(name=protocol.UPDATE_QUEUE_UPDATE)
+    def update_queue(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Change some knobs of a queue live (``{"name", "changes"}``); in-flight work stays."""
+        spec = _apply(lambda: self._core.update_queue(req["name"], req.get("changes") or {}))
+        self._changed = True
+        return spec.to_dict()
+
+    @update_queue.validator
+    def _validate_update(self, req: dict[str, Any]) -> None:
+        if not isinstance(req, dict):
+            raise ValueError(f"request: {req!r} is not a mapping")
+        name = req.get("name")
+        if name not in self._core.queues:
+            raise ValueError(f"name: {name!r} does not exist")
+        changes = req.get("changes")
+        if changes is not None and not isinstance(changes, dict):
+            raise ValueError(f"changes: {changes!r} is not a mapping")
+
+    @workflow.update(name=protocol.SET_ORG_UPDATE)
+    def set_org(self, org: dict[str, Any]) -> dict[str, Any]:
+        """Replace the tenant's org-wide limits."""
+        limits = _parse_org(org)
+        _apply(lambda: self._core.set_org(limits))
+        self._changed = True
+        return limits.to_dict()
+
+    @set_org.validator
+    def _validate_org(self, org: dict[str, Any]) -> None:
+        _parse_org(org)
+
+    # --- queries ----------------------------------------------------------------------
+
+    @workflow.query(name="queues")
+    def queues(self) -> dict[str, dict[str, Any]]:
+        """Per queue: config and stats; ``backlog_in_store`` if leases wait beyond the window."""
+        stats = self._core.queue_stats()
+        for name, s in stats.items():
+            s["backlog_in_store"] = name in self._more
+        return stats
+
+    @workflow.query(name="why")
+    def why(self, action_id: str) -> dict[str, Any]:
+        """Where an action is and the reasons the last pass recorded on it."""
+        state = self._core.state(action_id)
+        if state is None:
+            return {
+                "action_id": action_id,
+                "state": None,
+                "reason": None,
+                "reasons": [],
+                "message": "not in the scheduler's window: queued in the store behind the"
+                " window, rejected, or already ended",
+            }
+        reason = self._core.reason(action_id)
+        return {
+            "action_id": action_id,
+            "state": state,
+            "reason": reason,
+            "reasons": self._core.reasons(action_id),
+            "message": describe(reason) if reason else "",
+        }
+
+    @workflow.query(name="fleet")
+    def fleet(self) -> dict[str, Any]:
+        """Clusters known from the fleet file and from capacity reports."""
+        return {
+            "fleet": self._fleet,
+            "clusters": sorted(self._cluster_names()),
+            "capacity": self._loop.capacity,
+        }
+
+    @workflow.query(name="stats")
+    def stats(self) -> dict[str, Any]:
+        """Loop counters of this run (for benchmarks and debugging)."""
+        return {
+            **self._stats,
+            "history_length": workflow.info().get_current_history_length(),
+            "inflight_dispatches": self._inflight,
+            "running_tracked": len(self._loop.running_since),
+        }
+
+    # --- the loop -----------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, inp: SchedulerInput) -> None:
+        """Wait for change, sync, pass, dispatch; continue as new when suggested."""
+        while True:
+            await workflow.wait_condition(self._has_work)
+            self._changed = False
+            now = workflow.now().timestamp()
+            for _ in range(MAX_SYNCS_PER_ITERATION):
+                if not self._sync_needed():
+                    break
+                await self._sync()
+            now = workflow.now().timestamp()
+            admitted = self._core.schedule(now)
+            self._stats["passes"] += 1
+            for a in admitted:
+                self._loop.running_since[a.action_id] = now
+                self._out_admit.append(
+                    AdmitItem(
+                        self._workflow_id(a.action_id),
+                        Admission(
+                            action_id=a.action_id,
+                            cluster=a.cluster,
+                            node_hints=list(a.nodes),
+                            decided_at=now,
+                            reasons=list(a.reasons),
+                        ),
+                    )
+                )
+            self._stats["admitted"] += len(admitted)
+            self._launch_dispatches()
+            self._maybe_reap(now)
+            if self._sync_needed():
+                self._changed = True  # more backlog to pull: loop again right away
+            self._arm_timer(now)
+            if self._should_continue_as_new():
+                await self._drain_and_continue_as_new(inp)
+
+    def _has_work(self) -> bool:
+        return self._changed or (
+            self._inflight < MAX_DISPATCH_INFLIGHT and bool(self._out_admit or self._out_reject)
+        )
+
+    # --- store sync ---------------------------------------------------------------
+
+    def _room(self) -> dict[str, int]:
+        room: dict[str, int] = {}
+        for name in self._core.queues:
+            w = self._core.waiting_count(name)
+            want = (f"q:{name}" in self._nudged and w < WINDOW) or (
+                (name in self._more or "*" in self._more) and w < WINDOW // 2
+            )
+            room[name] = WINDOW - w if want else 0
+        return room
+
+    def _sync_needed(self) -> bool:
+        if self._loop.forget or DONE_CHANNEL in self._nudged or "*" in self._more:
+            return True
+        room = self._room()
+        if any(room.values()):
+            return True
+        # Leases of queues the core does not know are fetched (and rejected) at once.
+        queues = self._core.queues
+        return any((c.startswith("q:") and c[2:] not in queues) for c in self._nudged) or any(
+            q not in queues for q in self._more
+        )
+
+    async def _sync(self) -> None:
+        taken, self._nudged = self._nudged, set()
+        self._loop.sync_no += 1
+        token = f"{workflow.info().run_id}:{self._loop.sync_no}"
+        forget, self._loop.forget = self._loop.forget, []
+        room = self._room_for(taken)
+        res: SyncOutput = await workflow.execute_local_activity(
+            SYNC_ACTIVITY,
+            SyncInput(
+                tenant=self._tenant,
+                token=token,
+                room=room,
+                default_room=WINDOW,
+                max_leases=MAX_SYNC_LEASES,
+                max_done=MAX_SYNC_DONE,
+                forget=forget,
+            ),
+            result_type=SyncOutput,
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+        )
+        self._stats["syncs"] += 1
+        now = workflow.now().timestamp()
+        for d in res.leases:
+            spec = ActionSpec.from_dict({**d, "seq": self._loop.seq})
+            self._loop.seq += 1
+            wf = d.get("workflow_id") or ""
+            if wf and wf != protocol.action_workflow_id(self._tenant, spec.id):
+                self._loop.workflow_ids[spec.id] = wf
+            rejected = self._core.submit(spec, now)
+            if rejected is not None:
+                self._stats["rejected"] += 1
+                self._out_reject.append(
+                    RejectItem(
+                        self._workflow_id(spec.id),
+                        Rejection(spec.id, str(rejected), describe(rejected), now),
+                    )
+                )
+                self._loop.workflow_ids.pop(spec.id, None)
+        for action_id, kind in res.done:
+            self._release(action_id, kind, now)
+        self._more = set(res.more)
+        if res.more_done:
+            self._nudged.add(DONE_CHANNEL)
+        self._changed = True
+
+    def _room_for(self, taken: set[str]) -> dict[str, int]:
+        saved, self._nudged = self._nudged, taken
+        try:
+            return self._room()
+        finally:
+            self._nudged = saved
+
+    def _release(self, action_id: str, kind: str, now: float) -> None:
+        if kind == "cancelled":
+            self._core.cancel(action_id, now)
+        else:
+            self._core.finish(action_id, now)
+        self._loop.running_since.pop(action_id, None)
+        self._loop.workflow_ids.pop(action_id, None)
+
+    # --- dispatch -------------------------------------------------------------------
+
+    def _workflow_id(self, action_id: str) -> str:
+        return self._loop.workflow_ids.get(action_id) or protocol.action_workflow_id(
+            self._tenant, action_id
+        )
+
+    def _launch_dispatches(self) -> None:
+        while (self._out_admit or self._out_reject) and self._inflight < MAX_DISPATCH_INFLIGHT:
+            admit = self._out_admit[:DISPATCH_BATCH]
+            del self._out_admit[:DISPATCH_BATCH]
+            reject = self._out_reject[: DISPATCH_BATCH - len(admit)]
+            del self._out_reject[: len(reject)]
+            self._start_dispatch(DispatchBatch(self._tenant, admit, reject))
+
+    def _start_dispatch(self, batch: DispatchBatch) -> None:
+        self._inflight += 1
+        self._stats["dispatches"] += 1
+        self._spawn(self._dispatch(batch))
+
+    async def _dispatch(self, batch: DispatchBatch) -> None:
+        try:
+            res: DispatchResult = await workflow.execute_activity(
+                DISPATCH_ACTIVITY,
+                batch,
+                result_type=DispatchResult,
+                start_to_close_timeout=timedelta(seconds=120),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            )
+        finally:
+            self._inflight -= 1
+            self._changed = True
+        now = workflow.now().timestamp()
+        for action_id in res.gone:
+            # The workflow is gone, so nobody will ever release it: do it here, and have
+            # the store forget its lease.
+            self._release(action_id, "cancelled", now)
+            self._loop.forget.append(action_id)
+
+    # --- reaping ------------------------------------------------------------------
+
+    def _maybe_reap(self, now: float) -> None:
+        due = [a for a, t in self._loop.running_since.items() if now - t >= REAP_AFTER_S]
+        if not due or self._inflight >= MAX_DISPATCH_INFLIGHT:
+            return
+        due = sorted(due)[:REAP_BATCH]
+        for a in due:
+            self._loop.running_since[a] = now
+        self._start_dispatch(
+            DispatchBatch(self._tenant, probe=[[a, self._workflow_id(a)] for a in due])
+        )
+
+    def _arm_timer(self, now: float) -> None:
+        wake = self._core.next_wakeup()
+        if self._loop.running_since:
+            reap = min(self._loop.running_since.values()) + REAP_AFTER_S
+            wake = reap if wake is None else min(wake, reap)
+        if wake is None:
+            return
+        if self._timer_at is not None and self._timer_at <= wake:
+            return
+        self._timer_at = wake
+        self._spawn(self._timer(wake, max(wake - now, 0.001)))
+
+    async def _timer(self, at: float, delay: float) -> None:
+        await workflow.sleep(delay)
+        if self._timer_at == at:
+            self._timer_at = None
+        self._changed = True
+
+    # --- continue-as-new ----------------------------------------------------------
+
+    def _should_continue_as_new(self) -> bool:
+        info = workflow.info()
+        return (
+            info.is_continue_as_new_suggested() or info.get_current_history_length() > MAX_HISTORY
+        )
+
+    async def _drain_and_continue_as_new(self, inp: SchedulerInput) -> None:
+        # Outstanding dispatches must land (or they would be redone with stale ids), and
+        # update/signal handlers must not be cut off mid-way.
+        await workflow.wait_condition(
+            lambda: self._inflight == 0 and workflow.all_handlers_finished()
+        )
+        self._loop.nudged = sorted(self._nudged)
+        self._loop.more = sorted(self._more)
+        workflow.continue_as_new(
+            SchedulerInput(tenant=inp.tenant, fleet=self._fleet, carried=self.carried_state())
+        )
+
+    def carried_state(self) -> dict[str, Any]:
+        """What continue-as-new carries: core snapshot, loop state, undispatched decisions."""
+        return {
+            "snapshot": self._core.to_snapshot(),
+            "loop": {
+                "seq": self._loop.seq,
+                "sync_no": 0,
+                "more": sorted(self._more),
+                "nudged": sorted(self._nudged),
+                "running_since": dict(self._loop.running_since),
+                "forget": list(self._loop.forget),
+                "workflow_ids": dict(self._loop.workflow_ids),
+                "capacity_seq": dict(self._loop.capacity_seq),
+                "capacity": dict(self._loop.capacity),
+            },
+            "admit": [_admit_dict(a) for a in self._out_admit],
+            "reject": [_reject_dict(r) for r in self._out_reject],
+        }
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        # The workflow event loop is deterministic; keep a reference so the task lives.
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _cluster_names(self) -> set[str]:
+        return set(self._core.clusters)
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def _apply(fn: Any) -> Any:
+    """Run a core config change; its ValueError fails the update, not the workflow task."""
+    try:
+        return fn()
+    except (ValueError, KeyError, TypeError) as err:
+        raise ApplicationError(str(err), type="ValueError", non_retryable=True) from err
+
+
+def _parse_queue(spec: Any) -> QueueSpec:
+    if not isinstance(spec, dict):
+        raise ValueError(f"queue: {spec!r} is not a mapping")
+    if not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise ValueError(f"name: {spec.get('name')!r} is not a queue name")
+    try:
+        q = QueueSpec.from_dict(spec)
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"queue {spec.get('name')!r}: {err}") from err
+    for f in ("run_concurrency", "action_concurrency", "per_run_concurrency", "depth"):
+        v = getattr(q, f)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ValueError(f"{f}: {v!r} must be a non-negative integer")
+    return q
+
+
+def _parse_org(org: Any) -> OrgLimits:
+    if not isinstance(org, dict):
+        raise ValueError(f"org: {org!r} is not a mapping")
+    try:
+        limits = OrgLimits.from_dict(org)
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"org.submit_rate: {org.get('submit_rate')!r} ({err})") from err
+    for f in ("max_concurrent_runs", "max_concurrent_actions", "max_actions_per_run"):
+        v = getattr(limits, f)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ValueError(f"{f}: {v!r} must be a non-negative integer")
+    return limits
+
+
+def _admit_dict(a: AdmitItem) -> dict[str, Any]:
+    ad = a.admission
+    return {
+        "workflow_id": a.workflow_id,
+        "action_id": ad.action_id,
+        "cluster": ad.cluster,
+        "node_hints": list(ad.node_hints),
+        "decided_at": ad.decided_at,
+        "reasons": list(ad.reasons),
+    }
+
+
+def _admit_item(d: dict[str, Any]) -> AdmitItem:
+    return AdmitItem(
+        d["workflow_id"],
+        Admission(d["action_id"], d["cluster"], d["node_hints"], d["decided_at"], d["reasons"]),
+    )
+
+
+def _reject_dict(r: RejectItem) -> dict[str, Any]:
+    rj = r.rejection
+    return {
+        "workflow_id": r.workflow_id,
+        "action_id": rj.action_id,
+        "reason": rj.reason,
+        "message": rj.message,
+        "decided_at": rj.decided_at,
+    }
+
+
+def _reject_item(d: dict[str, Any]) -> RejectItem:
+    return RejectItem(
+        d["workflow_id"], Rejection(d["action_id"], d["reason"], d["message"], d["decided_at"])
+    )

@@ -1,0 +1,153 @@
+"""Control-plane-internal contracts between the two workflows and their activities.
+
+Unlike ``protocol`` (what cluster workers see), these never leave the control-plane
+worker: the action workflow, the scheduler workflow and the store/dispatch activities all
+run in it. Plain dataclasses that Temporal's JSON converter round-trips.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from headway.protocol import Admission
+
+__all__ = [
+    "DISPATCH_ACTIVITY",
+    "DONE_CHANNEL",
+    "FINISH_LEASE_ACTIVITY",
+    "NUDGE_SIGNAL",
+    "PUT_LEASE_ACTIVITY",
+    "REJECT_SIGNAL",
+    "SYNC_ACTIVITY",
+    "AdmitItem",
+    "DispatchBatch",
+    "DispatchResult",
+    "FinishLeaseInput",
+    "PutLeaseInput",
+    "RejectItem",
+    "Rejection",
+    "SchedulerInput",
+    "SyncInput",
+    "SyncOutput",
+]
+
+#: Activity names (implementations in ``headway.activities.store`` / ``.dispatch``).
+PUT_LEASE_ACTIVITY = "headway.store.put_lease"
+FINISH_LEASE_ACTIVITY = "headway.store.finish_lease"
+SYNC_ACTIVITY = "headway.store.sync"
+DISPATCH_ACTIVITY = "headway.control.dispatch"
+
+#: Store flag channel of action ends (queue channels are ``q:<queue>``).
+DONE_CHANNEL = "done"
+
+#: Signal on the scheduler workflow, payload a channel name (``q:<queue>`` or ``done``):
+#: "the store holds something new on this channel". Coalesced by the store's flags.
+NUDGE_SIGNAL = "nudge"
+#: Signal on an action workflow from the dispatch activity, payload Rejection.
+REJECT_SIGNAL = "reject"
+
+
+@dataclass
+class Rejection:
+    """The scheduler refused an action at submission (QueueDepthExceeded, ...)."""
+
+    action_id: str
+    reason: str
+    message: str = ""
+    decided_at: float = 0.0
+
+
+@dataclass
+class SchedulerInput:
+    """Input of SchedulerWorkflow.
+
+    Attributes:
+        tenant: the shard.
+        fleet: ``ClusterSpec.to_dict()`` of the clusters known up front (fleet file), so
+            the scheduler can place work before the first capacity report arrives.
+        carried: state carried across continue-as-new (None on a fresh start).
+    """
+
+    tenant: str
+    fleet: list[dict[str, Any]] = field(default_factory=list)
+    carried: dict[str, Any] | None = None
+
+
+@dataclass
+class PutLeaseInput:
+    """Local activity input: record one pending lease (and nudge if needed)."""
+
+    tenant: str
+    action_id: str
+    queue: str
+    workflow_id: str
+    spec: dict[str, Any]
+    submitted_at: float
+
+
+@dataclass
+class FinishLeaseInput:
+    """Local activity input: an action ended, was cancelled, or was rejected."""
+
+    tenant: str
+    action_id: str
+    kind: str  # "finished" | "cancelled" | "rejected"
+
+
+@dataclass
+class SyncInput:
+    """Local activity input of the scheduler's refill (see ``LeaseStore.sync``)."""
+
+    tenant: str
+    token: str
+    room: dict[str, int]
+    default_room: int
+    max_leases: int
+    max_done: int
+    forget: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AdmitItem:
+    """One admission and the workflow to signal."""
+
+    workflow_id: str
+    admission: Admission
+
+
+@dataclass
+class RejectItem:
+    """One rejection and the workflow to signal."""
+
+    workflow_id: str
+    rejection: Rejection
+
+
+@dataclass
+class DispatchBatch:
+    """Decisions of one or more passes, delivered by one dispatch activity call."""
+
+    tenant: str
+    admissions: list[AdmitItem] = field(default_factory=list)
+    rejections: list[RejectItem] = field(default_factory=list)
+    #: ``[action_id, workflow_id]`` of running actions the reaper wants checked: any whose
+    #: workflow is no longer running comes back ``gone``.
+    probe: list[list[str]] = field(default_factory=list)
+
+
+@dataclass
+class SyncOutput:
+    """Result of the sync local activity (mirrors ``headway.store.SyncResult``)."""
+
+    leases: list[dict[str, Any]] = field(default_factory=list)
+    done: list[list[str]] = field(default_factory=list)
+    more: list[str] = field(default_factory=list)
+    more_done: bool = False
+
+
+@dataclass
+class DispatchResult:
+    """Action ids whose workflows no longer exist (their reservations must be released)."""
+
+    gone: list[str] = field(default_factory=list)
