@@ -47,6 +47,7 @@ from .resources import Pod, Usage
 __all__ = ["Admitted", "NodeReport", "Scheduler"]
 
 _ZERO = Usage()
+_INF = float("inf")
 
 
 class NodeReport(Protocol):
@@ -143,6 +144,7 @@ class _Queue:
         "last_resv",
         "last_sig",
         "last_started",
+        "horizon",
         "run_counts",
         "running",
         "spec",
@@ -165,6 +167,8 @@ class _Queue:
         self.last_resv: tuple[tuple[str, _Reservation], ...] = ()
         self.last_cap_epoch = -1
         self.cap_sig: tuple[Any, ...] = ()
+        # Until when (on the caller's clock) the last visit's answers hold unchanged.
+        self.horizon = float("inf")
 
 
 class _EnvInstance:
@@ -275,6 +279,9 @@ class Scheduler:
         self._resv: dict[str, list[_Reservation]] = {}
         self._infeasible: set[tuple[int, int]] = set()
         self._feasible: dict[tuple[int, int], int] = {}
+        self._noroom: set[tuple[Any, int]] = set()
+        self._fit_cache: dict[tuple[int, int, bool], tuple[Any, ...]] = {}
+        self._horizon = _INF
 
     # ------------------------------------------------------------------ config
 
@@ -579,17 +586,18 @@ class Scheduler:
     def _pass(self, now: float, out: list[Admitted]) -> int:
         self.passes += 1
         order = [q for q in self.queues.values() if q.waiting]
-        order.sort(
-            key=lambda q: (-q.spec.priority, q.waiting[0].submit, q.waiting[0].seq, q.spec.name)
-        )
+        # Equal priority: the queue whose next action was submitted first, then by
+        # name. File order breaks ties within a queue only.
+        order.sort(key=lambda q: (-q.spec.priority, q.waiting[0].submit, q.spec.name))
         self._holds = set()
         self._resv = {}
         self._infeasible = set()
         self._feasible = {}
+        self._noroom = set()
         started = 0
         for q in order:
             sig = self._signature(q, now)
-            if sig == q.last_sig and not q.last_started:
+            if sig == q.last_sig and not q.last_started and now <= q.horizon:
                 # Nothing this queue's outcome depends on has changed since its last
                 # visit: same decisions, same reasons. Only its holds and reservations,
                 # which bind the queues after it, need making again.
@@ -600,7 +608,9 @@ class Scheduler:
                 continue
             holds_before = set(self._holds)
             resv_before = {k: len(v) for k, v in self._resv.items()}
+            self._horizon = _INF
             n = self._visit(q, now, out)
+            q.horizon = self._horizon
             started += n
             q.last_started = n
             q.last_holds = tuple(sorted(self._holds - holds_before))
@@ -644,7 +654,7 @@ class Scheduler:
             self._org_epoch if orgd else 0,
             holds,
             resv,
-            (now, self._hist_epoch) if timed else None,
+            self._hist_epoch if timed else None,
         )
 
     def _placement_order(self, cs: list[ClusterState], env: str | None) -> list[ClusterState]:
@@ -708,7 +718,7 @@ class Scheduler:
                 a.dkey,
                 a.env,
                 a.run if run_gates else None,
-                (a.task, a.spec.estimate) if self._resv else None,
+                self.estimate(a.task, a.spec.estimate) if self._resv else None,
             )
             m = memo.get(key)
             if m is not None and m[0] == v.ver:
@@ -788,6 +798,9 @@ class Scheduler:
         dkey = a.dkey if not a.env_declared else self._dkey(pods)
         infeasible = self._infeasible
         feasible = self._feasible
+        nr_key = (q.spec.clusters, dkey)
+        if nr_key in self._noroom:
+            order = []
         room = False
         first_block: Reason | None = None
         chosen: ClusterState | None = None
@@ -837,6 +850,9 @@ class Scheduler:
         if room:
             self._block(q, a, v)
             return first_block or Reason.HeldForGang
+        # Capacity only shrinks within a pass: no cluster of this selector will have room
+        # for this demand again in it.
+        self._noroom.add(nr_key)
         if v.strict and not v.blocked:
             self._block(q, a, v)
             for c in v.elig:
@@ -920,6 +936,9 @@ class Scheduler:
         need: list[ClusterState] = []
         for r in rs:
             if end <= r.time:
+                # Allowed until the action would no longer be gone by the reservation.
+                if r.time - est < self._horizon:
+                    self._horizon = r.time - est
                 continue
             if r.extra is None:
                 return None
@@ -940,9 +959,13 @@ class Scheduler:
         return need
 
     def _release_time(self, a: _Action, now: float) -> float | None:
+        """When a running action is expected to end; one past its estimate ends "now"."""
         if a.est_end is None:
             return None
-        return a.est_end if a.est_end > now else now
+        if a.est_end > now:
+            return a.est_end
+        self._horizon = now  # depends on now itself: valid at this instant only
+        return now
 
     def _reserve(
         self,
@@ -957,7 +980,7 @@ class Scheduler:
         for c in self._placement_order(elig, head.env if not head.env_declared else None):
             if not c.known or not self._could(c, runs, dkey):
                 continue
-            fit = self._earliest_fit(c, runs, now, easy)
+            fit = self._earliest_fit(c, runs, now, easy, dkey)
             if fit is None:
                 # A running action with no estimate: the reservation cannot be computed,
                 # so the head holds this cluster as under strict.
@@ -970,6 +993,41 @@ class Scheduler:
             self._resv.setdefault(best[1].name, []).append(_Reservation(best[0], best[2], head.id))
 
     def _earliest_fit(
+        self, c: ClusterState, runs: Runs, now: float, easy: bool, dkey: int
+    ) -> tuple[float, ClusterState | None] | None:
+        """``_project``, cached while the cluster and the clock leave it unchanged."""
+        key = (c.index, dkey, easy)
+        hit = self._fit_cache.get(key)
+        if (
+            hit is not None
+            and hit[0] == c.version
+            and hit[1] == self._env_epoch
+            and hit[2] <= now <= hit[3]
+        ):
+            res = hit[4]
+        else:
+            outer = self._horizon
+            self._horizon = _INF
+            res = self._project(c, runs, now, easy)
+            # The projection holds until a running action reaches its estimated end
+            # (it would then end "now" instead).
+            horizon = self._horizon
+            for a in self.on_cluster.get(c.name, {}).values():
+                if a.est_end is not None and now < a.est_end < horizon:
+                    horizon = a.est_end
+            self._fit_cache[key] = (c.version, self._env_epoch, now, horizon, res)
+            self._horizon = min(outer, horizon)
+            if res is not None and res[1] is not None:
+                self._fit_cache[key] = (c.version, self._env_epoch, now, horizon, (res[0], res[1].clone()))
+            return res
+        if hit[3] < self._horizon:
+            self._horizon = hit[3]
+        if res is not None and res[1] is not None:
+            # EASY's extra is used up by admissions: hand out a copy.
+            return res[0], res[1].clone()
+        return res
+
+    def _project(
         self, c: ClusterState, runs: Runs, now: float, easy: bool
     ) -> tuple[float, ClusterState | None] | None:
         """When would ``runs`` fit on ``c``, as running work ends by its estimates?
