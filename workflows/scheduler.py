@@ -45,6 +45,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from headway import protocol
     from headway.protocol import Admission, CapacityReport
+    import headway.scheduler.scenario  # noqa: F401  (core imports it lazily)
     from headway.scheduler import Scheduler
     from headway.scheduler.model import ActionSpec, ClusterSpec, OrgLimits, QueueSpec
     from headway.scheduler.reasons import describe
@@ -108,6 +109,7 @@ class SchedulerWorkflow:
         # handled before run() starts and must find the restored state.
         self._tenant = inp.tenant
         self._fleet = list(inp.fleet)
+        self._max_history = inp.max_history
         self._changed = True
         self._nudged: set[str] = set()
         self._more: set[str] = set()
@@ -255,6 +257,8 @@ class SchedulerWorkflow:
         return {
             **self._stats,
             "history_length": workflow.info().get_current_history_length(),
+            "run_id": workflow.info().run_id,
+            "continued": workflow.info().continued_run_id is not None,
             "inflight_dispatches": self._inflight,
             "running_tracked": len(self._loop.running_since),
         }
@@ -462,9 +466,8 @@ class SchedulerWorkflow:
 
     def _should_continue_as_new(self) -> bool:
         info = workflow.info()
-        return (
-            info.is_continue_as_new_suggested() or info.get_current_history_length() > MAX_HISTORY
-        )
+        limit = min(self._max_history, MAX_HISTORY)
+        return info.is_continue_as_new_suggested() or info.get_current_history_length() > limit
 
     async def _drain_and_continue_as_new(self, inp: SchedulerInput) -> None:
         # Outstanding dispatches must land (or they would be redone with stale ids), and
@@ -475,7 +478,12 @@ class SchedulerWorkflow:
         self._loop.nudged = sorted(self._nudged)
         self._loop.more = sorted(self._more)
         workflow.continue_as_new(
-            SchedulerInput(tenant=inp.tenant, fleet=self._fleet, carried=self.carried_state())
+            SchedulerInput(
+                tenant=inp.tenant,
+                fleet=self._fleet,
+                carried=self.carried_state(),
+                max_history=self._max_history,
+            )
         )
 
     def carried_state(self) -> dict[str, Any]:

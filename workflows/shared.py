@@ -67,11 +67,14 @@ class SchedulerInput:
         fleet: ``ClusterSpec.to_dict()`` of the clusters known up front (fleet file), so
             the scheduler can place work before the first capacity report arrives.
         carried: state carried across continue-as-new (None on a fresh start).
+        max_history: continue as new at the latest after this many history events
+            (the server's suggestion usually comes first; tests lower it).
     """
 
     tenant: str
     fleet: list[dict[str, Any]] = field(default_factory=list)
     carried: dict[str, Any] | None = None
+    max_history: int = 10_000
 
 
 @dataclass

@@ -1,0 +1,66 @@
+"""Durability: continue-as-new with pending work, and a control-plane worker killed mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from headway import protocol
+from headway.workflows import client as hw
+from headway.workflows.scheduler import SchedulerWorkflow
+from headway.workflows.shared import SchedulerInput
+
+from .conftest import Plane
+from .test_lifecycle import _queue_idle, eventually, req
+
+pytestmark = pytest.mark.integration
+
+
+async def test_continue_as_new_with_pending_work_loses_nothing(plane: Plane, tenant: str) -> None:
+    # A low history cap forces several continue-as-new while work waits and runs.
+    await plane.client.start_workflow(
+        SchedulerWorkflow.run,
+        SchedulerInput(tenant=tenant, fleet=[c.to_dict() for c in plane.fleet], max_history=30),
+        id=protocol.scheduler_workflow_id(tenant),
+        task_queue=protocol.CONTROL_TASK_QUEUE,
+    )
+    await hw.upsert_queue(plane.client, tenant, {"name": "default", "action_concurrency": 3})
+    first = await plane.client.get_workflow_handle(
+        protocol.scheduler_workflow_id(tenant)
+    ).describe()
+    handles = [
+        await hw.submit(plane.client, req(tenant, f"c{i}", duration_s=0.2)) for i in range(15)
+    ]
+    results = [await hw.wait_result(h) for h in handles]
+    assert [r.state for r in results] == ["succeeded"] * 15
+    assert sorted(plane.cluster.finished) == sorted(f"c{i}" for i in range(15))
+    assert len(plane.cluster.started) == 15  # admitted exactly once each
+    h = plane.client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    stats = await h.query("stats")
+    assert stats["continued"], stats
+    assert stats["run_id"] != first.run_id
+    # The queue config survived, and nothing is left reserved.
+    queues = await hw.get_queues(plane.client, tenant)
+    assert queues["default"]["spec"]["action_concurrency"] == 3
+    await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
+
+
+async def test_control_plane_worker_killed_mid_run(plane: Plane, tenant: str) -> None:
+    await hw.upsert_queue(
+        plane.client, tenant, {"name": "default", "action_concurrency": 4}, plane.fleet
+    )
+    handles = [
+        await hw.submit(plane.client, req(tenant, f"k{i}", duration_s=0.5)) for i in range(12)
+    ]
+    await eventually(lambda: len(plane.cluster.started) >= 2)
+    await plane.stop_control()  # the control plane goes away with work waiting and running
+    await asyncio.sleep(1.0)
+    await plane.start_control()
+    results = [await hw.wait_result(h) for h in handles]
+    assert [r.state for r in results] == ["succeeded"] * 12
+    # Every action ran to completion exactly once on the cluster.
+    assert sorted(plane.cluster.finished) == sorted(f"k{i}" for i in range(12))
+    assert len(plane.cluster.started) == 12
+    await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
+    await eventually(lambda: plane.store.pending_count(tenant) == 0)
