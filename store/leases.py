@@ -366,7 +366,9 @@ class LeaseStore:
             if exists:
                 return False
             stmt = table.insert().values(**values)
-        return bool(conn.execute(stmt).rowcount)
+        # rowcount is unreliable with (implicit) RETURNING; ask for a row instead.
+        pk = next(iter(table.primary_key.columns))
+        return conn.execute(stmt.returning(pk)).first() is not None
 
     def _flip(self, conn: Connection, tenant: str, channel: str) -> bool:
         self._insert_ignore(conn, ShardFlag, {"tenant": tenant, "channel": channel, "dirty": False})

@@ -43,9 +43,9 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    import headway.scheduler.scenario  # noqa: F401  (core imports it lazily)
     from headway import protocol
     from headway.protocol import Admission, CapacityReport
-    import headway.scheduler.scenario  # noqa: F401  (core imports it lazily)
     from headway.scheduler import Scheduler
     from headway.scheduler.model import ActionSpec, ClusterSpec, OrgLimits, QueueSpec
     from headway.scheduler.reasons import describe

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from headway import protocol
 from headway.workflows import client as hw
 from headway.workflows.scheduler import SchedulerWorkflow

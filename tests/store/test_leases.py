@@ -1,0 +1,156 @@
+"""LeaseStore against SQLite, and PostgreSQL when HEADWAY_TEST_POSTGRES_URL is set."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from headway.store import DONE_CHANNEL, LeaseStore, queue_channel
+
+PG = os.environ.get("HEADWAY_TEST_POSTGRES_URL")
+BACKENDS = ["sqlite", *(["postgresql"] if PG else [])]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
+    url = f"sqlite:///{tmp_path / 'l.db'}" if request.param == "sqlite" else PG
+    s = LeaseStore(url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def tenant() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+def spec(i: int, queue: str = "q") -> dict[str, object]:
+    return {"id": f"a{i}", "queue": queue, "pods": [{"cpu": 100, "memory": 1}]}
+
+
+def put(store: LeaseStore, tenant: str, i: int, queue: str = "q") -> bool:
+    return store.put_lease(tenant, f"a{i}", queue, f"wf-a{i}", spec(i, queue), float(i))
+
+
+def test_only_the_first_submitter_nudges_until_the_scheduler_reads(
+    store: LeaseStore, tenant: str
+) -> None:
+    assert put(store, tenant, 0) is True
+    assert [put(store, tenant, i) for i in range(1, 50)] == [False] * 49
+    res = store.sync(tenant, "run:1", {"q": 10})
+    assert [d["id"] for d in res.leases] == [f"a{i}" for i in range(10)]
+    assert res.leases[0]["workflow_id"] == "wf-a0" and res.leases[3]["submit"] == 3.0
+    assert res.more == ["q"]
+    assert store.flag(tenant, queue_channel("q")) is False
+    assert put(store, tenant, 50) is True  # the scheduler read the queue: nudge again
+
+
+def test_full_window_keeps_flag_set_so_submitters_stay_silent(
+    store: LeaseStore, tenant: str
+) -> None:
+    put(store, tenant, 0)
+    res = store.sync(tenant, "run:1", {"q": 0})
+    assert res.leases == [] and res.more == ["q"]
+    assert put(store, tenant, 1) is False
+
+
+def test_retried_sync_returns_the_same_claims(store: LeaseStore, tenant: str) -> None:
+    for i in range(5):
+        put(store, tenant, i)
+    first = store.sync(tenant, "run:7", {"q": 3})
+    again = store.sync(tenant, "run:7", {"q": 3})
+    assert [d["id"] for d in again.leases] == [d["id"] for d in first.leases] == ["a0", "a1", "a2"]
+    nxt = store.sync(tenant, "run:8", {"q": 3})
+    assert [d["id"] for d in nxt.leases] == ["a3", "a4"]
+    assert nxt.more == []
+
+
+def test_ends_are_handed_over_once_and_collected(store: LeaseStore, tenant: str) -> None:
+    for i in range(3):
+        put(store, tenant, i)
+    store.sync(tenant, "r:1", {"q": 10})
+    assert store.finish_lease(tenant, "a0", "finished") is True
+    assert store.finish_lease(tenant, "a1", "cancelled") is False  # flag already set
+    assert store.finish_lease(tenant, "a0", "finished") is True  # retry: still unclaimed
+    res = store.sync(tenant, "r:2", {"q": 10})
+    assert res.done == [["a0", "finished"], ["a1", "cancelled"]]
+    assert store.flag(tenant, DONE_CHANNEL) is False
+    assert store.sync(tenant, "r:2", {"q": 10}).done == res.done  # retry
+    store.sync(tenant, "r:3", {"q": 10})
+    assert store.lease_count(tenant) == 1  # a0, a1 collected once consumed
+
+
+def test_cancel_before_claim_drops_silently_and_reject_deletes(
+    store: LeaseStore, tenant: str
+) -> None:
+    put(store, tenant, 0)
+    put(store, tenant, 1)
+    assert store.finish_lease(tenant, "a0", "cancelled") is False
+    res = store.sync(tenant, "r:1", {"q": 10})
+    assert [d["id"] for d in res.leases] == ["a1"]
+    assert store.finish_lease(tenant, "a1", "rejected") is False
+    assert store.lease_count(tenant) == 0
+    with pytest.raises(ValueError, match="kind"):
+        store.finish_lease(tenant, "a1", "exploded")
+
+
+def test_put_is_idempotent_and_unknown_queues_use_default_room(
+    store: LeaseStore, tenant: str
+) -> None:
+    put(store, tenant, 0, queue="other")
+    assert put(store, tenant, 0, queue="other") is True  # a retry nudges again
+    res = store.sync(tenant, "r:1", {}, default_room=5)
+    assert [d["id"] for d in res.leases] == ["a0"]
+
+
+def test_tenants_are_separate(store: LeaseStore, tenant: str) -> None:
+    other = tenant + "x"
+    put(store, tenant, 0)
+    put(store, other, 0)
+    assert [d["id"] for d in store.sync(tenant, "r:1", {"q": 5}).leases] == ["a0"]
+    assert store.pending_count(other) == 1
+    assert store.pending_count(tenant) == 0
+
+
+def test_concurrent_submitters_never_lose_a_wakeup(store: LeaseStore, tenant: str) -> None:
+    """Whatever the interleaving: every lease is either claimed or announced by a nudge."""
+    nudges: list[int] = []
+    lock = threading.Lock()
+
+    def submit(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            if put(store, tenant, i):
+                with lock:
+                    nudges.append(i)
+
+    threads = [threading.Thread(target=submit, args=(k * 40, k * 40 + 40)) for k in range(4)]
+    claimed: list[str] = []
+    for t in threads:
+        t.start()
+    n = 0
+    while any(t.is_alive() for t in threads):
+        n += 1
+        claimed += [d["id"] for d in store.sync(tenant, f"r:{n}", {"q": 7}).leases]
+    for t in threads:
+        t.join()
+    # After the last submitter, a nudge or the "more" answer must lead to the rest.
+    while True:
+        n += 1
+        res = store.sync(tenant, f"r:{n}", {"q": 1000})
+        claimed += [d["id"] for d in res.leases]
+        if not res.more:
+            break
+    assert sorted(claimed) == sorted(f"a{i}" for i in range(160))
+    assert len(nudges) < 160
+
+
+def test_bulk_load(store: LeaseStore, tenant: str) -> None:
+    rows = ((f"b{i}", "bulk", f"wf{i}", spec(i, "bulk"), float(i)) for i in range(5000))
+    assert store.put_many(tenant, rows) == 5000
+    assert store.pending_count(tenant, "bulk") == 5000
+    res = store.sync(tenant, "r:1", {"bulk": 500}, max_leases=2000)
+    assert len(res.leases) == 500 and res.more == ["bulk"]
