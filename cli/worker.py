@@ -121,16 +121,25 @@ def cluster(
     entry = fleet_cluster(load_fleet(fleet_path), name)
     from headway.worker.cluster import make_backend, run_cluster_worker
 
-    opts = {
-        k: v
-        for k, v in {
-            "kubeconfig": kubeconfig,
-            "context": kube_context,
-            "namespace": pod_namespace,
-            "time_scale": time_scale,
-        }.items()
-        if v is not None
+    given = {
+        "kubeconfig": kubeconfig,
+        "context": kube_context,
+        "namespace": pod_namespace,
+        "time_scale": time_scale,
     }
+    allowed = {"time_scale"} if backend == "sim" else {"kubeconfig", "context", "namespace"}
+    misplaced = [k for k, v in given.items() if v is not None and k not in allowed]
+    if misplaced:
+        flags = {
+            "kubeconfig": "--kubeconfig",
+            "context": "--context",
+            "namespace": "--pod-namespace",
+            "time_scale": "--time-scale",
+        }
+        raise click.BadParameter(
+            f"{', '.join(flags[k] for k in misplaced)} does not apply to --backend {backend}"
+        )
+    opts = {k: v for k, v in given.items() if v is not None}
 
     async def body(client: Client, stop: asyncio.Event) -> None:
         impl = make_backend(name, backend, entry, **opts)

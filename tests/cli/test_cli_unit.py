@@ -4,6 +4,8 @@ value fails naming the flag and the value, with a non-zero exit."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,3 +159,26 @@ def test_queue_entry_round_trips():
     spec = queue_from_entry(entry)
     assert queue_to_entry(spec) == entry
     assert spec.max_resources is not None and spec.max_resources.cpu == 500
+
+
+def test_backend_options_must_match_the_backend():
+    result = invoke("worker", "cluster", "--name", "cpu", "--backend", "sim", "--kubeconfig", "x")
+    assert result.exit_code != 0
+    assert "--kubeconfig does not apply to --backend sim" in result.output
+
+
+def test_console_script_exits_with_the_commands_code():
+    """The entry point leaves through os._exit (sdk-python issue 300): codes survive it."""
+    script = Path(sys.executable).parent / "headway"
+    ok = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "headway, version" in ok.stdout
+    bad = subprocess.run(
+        [str(script), "--address", NOWHERE, "submit", "--cpu", "lots"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "--cpu: 'lots'" in bad.stderr
+    down = subprocess.run(
+        [str(script), "--address", NOWHERE, "submit", "--cpu", "1"], capture_output=True, text=True
+    )
+    assert down.returncode == 1 and "cannot reach Temporal" in down.stderr

@@ -51,8 +51,8 @@ def stack(
         s.stop()
 
 
-def hw(stack: Stack, *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(cli, ["--address", stack.address, *args])
+def hw(stack: Stack, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["--address", stack.address, *args], env=env)
     return result.exit_code, result.output
 
 
@@ -167,6 +167,17 @@ def test_queue_commands_round_trip(stack: Stack):
     assert team["depth"] == 100 and team["run_concurrency"] is None
     assert team["clusters"] is None
     assert team["max_resources"] == {"cpu": 64, "gpu": "H200:8"}
+
+    # --edit: the queue as YAML in $EDITOR; what the editor saves is applied.
+    editor = "sed -i -e 's/^depth: .*/depth: 7/' -e 's/^priority: .*/priority: critical/'"
+    code, out = hw(stack, "update", "queue", "team-a", "--edit", env={"EDITOR": editor})
+    assert code == 0, out
+    code, out = hw(stack, "get", "queues", "-o", "json")
+    team = next(q for q in json.loads(out) if q["name"] == "team-a")
+    assert (team["depth"], team["priority"]) == (7, "critical")
+    bad = "sed -i -e 's/^algorithm: .*/algorithm: fifo/'"
+    code, out = hw(stack, "update", "queue", "team-a", "--edit", env={"EDITOR": bad})
+    assert code != 0 and "algorithm: 'fifo'" in out
 
     code, out = hw(stack, "update", "queue", "no-such-queue", "--depth", "1")
     assert code != 0 and "does not exist" in out
