@@ -1,0 +1,49 @@
+"""Replay the checked-in histories with today's code; an incompatible change must fail.
+
+Any change to either workflow's command sequence must be guarded by ``workflow.patched``
+so these histories (and every running workflow in production) still replay.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from headway import protocol
+from headway.protocol import SubmitRequest
+from headway.workflows.action import ActionResult, ActionWorkflow
+from headway.workflows.scheduler import SchedulerWorkflow
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+def load(name: str) -> WorkflowHistory:
+    return WorkflowHistory.from_json(f"replay-{name}", (HISTORIES / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["action_ok", "action_cancelled", "scheduler"])
+async def test_checked_in_histories_replay(name: str) -> None:
+    replayer = Replayer(workflows=[ActionWorkflow, SchedulerWorkflow])
+    result = await replayer.replay_workflow(load(name), raise_on_replay_failure=True)
+    assert result.replay_failure is None
+
+
+@workflow.defn(name=protocol.ACTION_WORKFLOW)
+class IncompatibleActionWorkflow(ActionWorkflow):
+    """Today's ActionWorkflow plus an unguarded timer before enqueueing."""
+
+    @workflow.run
+    async def run(self, req: SubmitRequest) -> ActionResult:
+        await workflow.sleep(timedelta(seconds=1))
+        return await super().run(req)
+
+
+async def test_incompatible_change_fails_replay() -> None:
+    replayer = Replayer(workflows=[IncompatibleActionWorkflow])
+    result = await replayer.replay_workflow(load("action_ok"), raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+    assert "nondetermin" in str(result.replay_failure).lower()
