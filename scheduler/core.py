@@ -144,6 +144,7 @@ class _Queue:
         "last_resv",
         "last_sig",
         "last_started",
+        "last_up_len",
         "horizon",
         "run_counts",
         "running",
@@ -169,6 +170,7 @@ class _Queue:
         self.cap_sig: tuple[Any, ...] = ()
         # Until when (on the caller's clock) the last visit's answers hold unchanged.
         self.horizon = float("inf")
+        self.last_up_len = -1
 
 
 class _EnvInstance:
@@ -282,6 +284,9 @@ class Scheduler:
         self._noroom: set[tuple[Any, int]] = set()
         self._fit_cache: dict[tuple[int, int, bool], tuple[Any, ...]] = {}
         self._horizon = _INF
+        self._effects: list[tuple[Any, ...]] = []
+        self._prev_effects: list[tuple[Any, ...]] = []
+        self._diverged: int | None = None
 
     # ------------------------------------------------------------------ config
 
@@ -594,35 +599,60 @@ class Scheduler:
         self._infeasible = set()
         self._feasible = {}
         self._noroom = set()
+        # Holds and reservations bind the queues after the one that made them. A queue
+        # may be skipped only if what came before it this pass is what came before it
+        # last pass: track where this pass's effects first differ from the last's.
+        self._prev_effects = self._effects
+        self._effects = []
+        self._diverged = None
         started = 0
         for q in order:
             sig = self._signature(q, now)
-            if sig == q.last_sig and not q.last_started and now <= q.horizon:
+            up = len(self._effects)
+            same_upstream = q.last_up_len == up and (self._diverged is None or self._diverged >= up)
+            if same_upstream and sig == q.last_sig and not q.last_started and now <= q.horizon:
                 # Nothing this queue's outcome depends on has changed since its last
                 # visit: same decisions, same reasons. Only its holds and reservations,
                 # which bind the queues after it, need making again.
-                self._holds.update(q.last_holds)
+                for cname in q.last_holds:
+                    self._hold(cname)
                 for cname, r in q.last_resv:
-                    self._resv.setdefault(cname, []).append(r)
+                    self._reserve_on(cname, r)
                 self.skipped_visits += 1
                 continue
-            holds_before = set(self._holds)
-            resv_before = {k: len(v) for k, v in self._resv.items()}
+            n_effects = up
+            q.last_up_len = up
             self._horizon = _INF
             n = self._visit(q, now, out)
             q.horizon = self._horizon
             started += n
             q.last_started = n
-            q.last_holds = tuple(sorted(self._holds - holds_before))
-            q.last_resv = tuple(
-                (cname, r)
-                for cname, rs in self._resv.items()
-                for r in rs[resv_before.get(cname, 0) :]
-            )
-            # Taken after the visit: what the visit itself changed is part of the state
-            # the next visit would see.
-            q.last_sig = self._signature(q, now)
+            mine = self._effects[n_effects:]
+            q.last_holds = tuple(e[1] for e in mine if e[0] == "h")
+            q.last_resv = tuple((e[1], e[5]) for e in mine if e[0] == "r")
+            # The state as the visit found it: holds and reservations made by the visit
+            # itself are its output, not its input. (A visit that admitted anything is
+            # never skipped next time, so what it changed needs no record.)
+            q.last_sig = sig
         return started
+
+    def _effect(self, e: tuple[Any, ...]) -> None:
+        i = len(self._effects)
+        if self._diverged is None:
+            prev = self._prev_effects
+            if i >= len(prev) or prev[i][:5] != e[:5]:
+                self._diverged = i
+        self._effects.append(e)
+
+    def _hold(self, cname: str) -> None:
+        if cname not in self._holds:
+            self._holds.add(cname)
+            self._effect(("h", cname, None, None, None))
+
+    def _reserve_on(self, cname: str, r: _Reservation) -> None:
+        self._resv.setdefault(cname, []).append(r)
+        ver = r.extra.version if r.extra is not None else -1
+        self._effect(("r", cname, r.time, r.head, ver, r))
 
     def _signature(self, q: _Queue, now: float) -> tuple[Any, ...]:
         """Everything a queue's visit depends on, cheaply comparable."""
@@ -635,15 +665,8 @@ class Scheduler:
                 for c in (self.clusters.get(n) for n in names)
                 if c is not None
             )
-        holds = tuple(sorted(h for h in self._holds if sel is None or h in sel))
-        resv = tuple(
-            (cname, r.time, r.head, r.extra.version if r.extra is not None else -1)
-            for cname, rs in self._resv.items()
-            if sel is None or cname in sel
-            for r in rs
-        )
         algo = q.spec.algorithm
-        timed = resv or algo is Algorithm.backfill or algo is Algorithm.easy
+        timed = self._resv or algo is Algorithm.backfill or algo is Algorithm.easy
         org = self.org
         orgd = org.max_concurrent_actions is not None or org.max_concurrent_runs is not None
         return (
@@ -652,8 +675,6 @@ class Scheduler:
             q.cap_sig,
             self._env_epoch,
             self._org_epoch if orgd else 0,
-            holds,
-            resv,
             self._hist_epoch if timed else None,
         )
 
@@ -857,7 +878,7 @@ class Scheduler:
             self._block(q, a, v)
             for c in v.elig:
                 if c.known and self._could(c, runs, dkey):
-                    holds.add(c.name)
+                    self._hold(c.name)
         elif v.reserving and not v.reserved:
             v.reserved = True
             v.ver += 1
@@ -984,13 +1005,15 @@ class Scheduler:
             if fit is None:
                 # A running action with no estimate: the reservation cannot be computed,
                 # so the head holds this cluster as under strict.
-                self._holds.add(c.name)
+                self._hold(c.name)
                 continue
             t, extra = fit
             if best is None or t < best[0]:
                 best = (t, c, extra)
         if best is not None:
-            self._resv.setdefault(best[1].name, []).append(_Reservation(best[0], best[2], head.id))
+            # Admissions use EASY's extra up: keep a copy, not the cached projection.
+            extra = best[2].clone() if best[2] is not None else None
+            self._reserve_on(best[1].name, _Reservation(best[0], extra, head.id))
 
     def _earliest_fit(
         self, c: ClusterState, runs: Runs, now: float, easy: bool, dkey: int
@@ -1017,14 +1040,10 @@ class Scheduler:
                     horizon = a.est_end
             self._fit_cache[key] = (c.version, self._env_epoch, now, horizon, res)
             self._horizon = min(outer, horizon)
-            if res is not None and res[1] is not None:
-                self._fit_cache[key] = (c.version, self._env_epoch, now, horizon, (res[0], res[1].clone()))
             return res
         if hit[3] < self._horizon:
             self._horizon = hit[3]
-        if res is not None and res[1] is not None:
-            # EASY's extra is used up by admissions: hand out a copy.
-            return res[0], res[1].clone()
+        # The cached EASY extra is shared: ``_reserve`` copies the one it keeps.
         return res
 
     def _project(
