@@ -36,9 +36,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, delete, event, func, select, update
+from sqlalchemy import Engine, Table, create_engine, delete, event, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.pool import StaticPool
@@ -153,7 +153,7 @@ class LeaseStore:
         n = 0
         queues: set[str] = set()
         batch: list[dict[str, Any]] = []
-        table = LeaseRow.__table__
+        table = cast(Table, LeaseRow.__table__)
         with self._lock, self.engine.begin() as conn:
             for action_id, queue, workflow_id, spec, at in rows:
                 queues.add(queue)
@@ -279,7 +279,7 @@ class LeaseStore:
             if ids:
                 conn.execute(update(LeaseRow).where(LeaseRow.id.in_(ids)).values(done_claim=token))
                 out.done = [
-                    [a, d]
+                    [a, str(d)]
                     for a, d in conn.execute(
                         select(LeaseRow.action_id, LeaseRow.done)
                         .where(LeaseRow.id.in_(ids))
@@ -345,7 +345,7 @@ class LeaseStore:
     # --- internals ----------------------------------------------------------------
 
     def _insert_ignore(self, conn: Connection, model: type[Base], values: dict[str, Any]) -> bool:
-        table = model.__table__
+        table = cast(Table, model.__table__)
         stmt: Any
         if self.dialect == "postgresql":
             stmt = postgresql.insert(table).values(**values).on_conflict_do_nothing()
@@ -367,7 +367,7 @@ class LeaseStore:
                 return False
             stmt = table.insert().values(**values)
         # rowcount is unreliable with (implicit) RETURNING; ask for a row instead.
-        pk = next(iter(table.primary_key.columns))
+        pk = next(iter(table.primary_key))
         return conn.execute(stmt.returning(pk)).first() is not None
 
     def _flip(self, conn: Connection, tenant: str, channel: str) -> bool:
@@ -418,7 +418,7 @@ class LeaseStore:
     def _claimed_by(self, conn: Connection, tenant: str, token: str) -> SyncResult | None:
         leases = self._leases_claimed(conn, tenant, token)
         done = [
-            [a, d]
+            [a, str(d)]
             for a, d in conn.execute(
                 select(LeaseRow.action_id, LeaseRow.done)
                 .where((LeaseRow.tenant == tenant) & (LeaseRow.done_claim == token))

@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
@@ -249,12 +249,12 @@ class ActionWorkflow:
                 cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             )
         except (asyncio.CancelledError, ActivityError) as err:
-            cancelled = isinstance(err, asyncio.CancelledError) or isinstance(
-                err.cause, CancelledError
+            cancelled = isinstance(err, asyncio.CancelledError) or (
+                isinstance(err, ActivityError) and isinstance(err.cause, CancelledError)
             )
             if not cancelled:
                 await self._release("finished")
-                msg = str(err.cause or err)
+                msg = str(err.cause or err) if isinstance(err, ActivityError) else str(err)
                 res = self._end("failed", "ClusterError", message=msg)
                 raise ApplicationError(
                     msg, asdict(res), type="ClusterError", non_retryable=True
@@ -342,7 +342,7 @@ class ActionWorkflow:
     def _publish(self, run: bool = False) -> None:
         """Upsert search attributes and memo so the Web UI lists and filters actions."""
         st = self._status
-        pairs: list[SearchAttributePair[Any]] = [
+        pairs: list[SearchAttributeUpdate[Any]] = [
             SA["HeadwayState"].value_set(st.state),
             SA["HeadwayReason"].value_set(st.reason or st.state),
         ]

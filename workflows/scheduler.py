@@ -183,7 +183,9 @@ class SchedulerWorkflow:
     @workflow.update(name=protocol.UPDATE_QUEUE_UPDATE)
     def update_queue(self, req: dict[str, Any]) -> dict[str, Any]:
         """Change some knobs of a queue live (``{"name", "changes"}``); in-flight work stays."""
-        spec = _apply(lambda: self._core.update_queue(req["name"], req.get("changes") or {}))
+        spec: QueueSpec = _apply(
+            lambda: self._core.update_queue(req["name"], req.get("changes") or {})
+        )
         self._changed = True
         return spec.to_dict()
 

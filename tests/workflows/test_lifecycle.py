@@ -69,7 +69,7 @@ async def test_submit_admit_run_finish(plane: Plane, tenant: str) -> None:
 
 async def _queue_idle(client: Client, tenant: str, queue: str) -> bool:
     q = (await hw.get_queues(client, tenant))[queue]
-    return q["waiting"] == 0 and q["running"] == 0
+    return bool(q["waiting"] == 0 and q["running"] == 0)
 
 
 async def test_oom_is_attributed(plane: Plane, tenant: str) -> None:
@@ -171,4 +171,4 @@ async def _why_state(plane: Plane, tenant: str, action_id: str, state: str | Non
         w = await hw.why(plane.client, tenant, action_id)
     except Exception:
         return False
-    return w["state"] == state
+    return bool(w["state"] == state)
