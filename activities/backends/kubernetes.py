@@ -1,0 +1,875 @@
+"""The Kubernetes backend: pods and gangs through the official client, informers back.
+
+Everything here dials out to the kube API: pods are created with deterministic names (409
+Conflict means a predecessor created them: adopt), and three informers (list, then watch
+from the list's resourceVersion with bookmarks, relisting on 410 Gone and reconnecting
+with backoff) keep an in-memory picture of Headway's pods, every pod's requests and the
+nodes. Pod status changes become :class:`~headway.protocol.ActionEvent`s the moment the
+watch delivers them, so an OOM kill or a preemption is attributed to its action within
+seconds; the same picture yields the capacity report.
+
+The official client is synchronous: calls run in threads (``asyncio.to_thread``) and each
+informer owns a thread that hands what it sees to the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from headway.protocol import (
+    TERMINAL_EVENTS,
+    ActionEvent,
+    ActionEventKind,
+    CapacityReport,
+    DispatchRequest,
+    GangKind,
+    NodeCapacity,
+    PodSpec,
+)
+from headway.scheduler.resources import QuantityError, parse_cpu, parse_memory
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from .base import (
+    ACTION_ANNOTATION,
+    ACTION_LABEL,
+    ROLE_LABEL,
+    TENANT_LABEL,
+    ChangeSignal,
+    EventHub,
+    label_value,
+    pod_name,
+    sanitize_dns1123,
+)
+
+__all__ = [
+    "DEFAULT_GPU_NODE_LABEL",
+    "GPU_RESOURCE",
+    "Informer",
+    "KubernetesBackend",
+    "build_pods",
+    "build_service",
+    "pod_requests",
+    "translate_pod",
+]
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_GPU_NODE_LABEL = "nvidia.com/gpu.product"
+MASTER_PORT = 29500
+RAY_GCS_PORT = 6379
+SPARK_DRIVER_PORT = 7078
+
+_K = ActionEventKind
+_IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+# DisruptionTarget reasons that mean the node went away rather than the pod being pushed
+# out for someone else.
+_NODE_GONE_REASONS = frozenset({"DeletionByPodGC", "DeletionByTaintManager"})
+_FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+# --- pod construction -------------------------------------------------------------------
+
+
+def service_name(action_id: str) -> str:
+    """The headless Service giving a gang's pods stable DNS names."""
+    return sanitize_dns1123(f"hw-{action_id}")
+
+
+def _resources(spec: PodSpec) -> dict[str, str]:
+    res: dict[str, str] = {}
+    if spec.cpu_m:
+        res["cpu"] = f"{spec.cpu_m}m"
+    if spec.memory:
+        res["memory"] = str(spec.memory)
+    if spec.ephemeral_storage:
+        res["ephemeral-storage"] = str(spec.ephemeral_storage)
+    if spec.gpu:
+        res[GPU_RESOURCE] = str(spec.gpu)
+    return res
+
+
+def _gang_env(req: DispatchRequest, namespace: str) -> dict[tuple[str, int], dict[str, str]]:
+    """Per-pod environment that lets a gang find itself (rendezvous addresses, ranks)."""
+    svc = service_name(req.action_id)
+    names = {(p.role, p.index): pod_name(req.action_id, p.role, p.index) for p in req.pods}
+
+    def fqdn(role: str, index: int) -> str:
+        return f"{names[(role, index)]}.{svc}.{namespace}.svc"
+
+    env: dict[tuple[str, int], dict[str, str]] = {k: {} for k in names}
+    if req.kind is GangKind.REPLICAS:
+        ranked = sorted(req.pods, key=lambda p: (p.role, p.index))
+        master = fqdn(ranked[0].role, ranked[0].index)
+        for rank, p in enumerate(ranked):
+            env[(p.role, p.index)] = {
+                "MASTER_ADDR": master,
+                "MASTER_PORT": str(MASTER_PORT),
+                "WORLD_SIZE": str(len(ranked)),
+                "NNODES": str(len(ranked)),
+                "RANK": str(rank),
+                "NODE_RANK": str(rank),
+                "NPROC_PER_NODE": p.env.get("NPROC_PER_NODE", str(max(p.gpu, 1))),
+            }
+    elif req.kind is GangKind.RAY:
+        head = next((p for p in req.pods if p.role == "ray-head"), req.pods[0])
+        address = f"{fqdn(head.role, head.index)}:{RAY_GCS_PORT}"
+        for key in env:
+            env[key] = {"RAY_HEAD_ADDRESS": address}
+    elif req.kind is GangKind.SPARK:
+        driver = next((p for p in req.pods if p.role == "spark-driver"), req.pods[0])
+        host = fqdn(driver.role, driver.index)
+        for key in env:
+            env[key] = {
+                "SPARK_DRIVER_HOST": host,
+                "SPARK_DRIVER_PORT": str(SPARK_DRIVER_PORT),
+                "SPARK_DRIVER_URL": f"spark://{host}:{SPARK_DRIVER_PORT}",
+            }
+    return env
+
+
+def needs_service(req: DispatchRequest) -> bool:
+    """Whether the gang's pods must find each other by name."""
+    return req.kind is not GangKind.SINGLE and len(req.pods) > 0
+
+
+def build_pods(
+    req: DispatchRequest, namespace: str, gpu_node_label: str = DEFAULT_GPU_NODE_LABEL
+) -> list[dict[str, Any]]:
+    """The Pod manifests of one action (plain dicts, as sent to the API server).
+
+    Requests equal limits (Guaranteed QoS: what admission counted is what the pod gets),
+    GPUs are ``nvidia.com/gpu`` and a GPU type becomes a node selector on
+    ``gpu_node_label``.
+    """
+    gang = _gang_env(req, namespace)
+    svc = service_name(req.action_id) if needs_service(req) else None
+    out: list[dict[str, Any]] = []
+    for p in req.pods:
+        name = pod_name(req.action_id, p.role, p.index)
+        env = {**p.env, **gang[(p.role, p.index)]}
+        env.update(
+            {"HEADWAY_ACTION_ID": req.action_id, "HEADWAY_TENANT": req.tenant, "HEADWAY_POD": name}
+        )
+        resources = _resources(p)
+        container: dict[str, Any] = {
+            "name": "main",
+            "image": p.image,
+            "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+            "resources": {"requests": resources, "limits": dict(resources)},
+        }
+        if p.command:
+            container["command"] = list(p.command)
+        spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+        if svc is not None:
+            spec["hostname"] = name
+            spec["subdomain"] = svc
+        if p.gpu and p.gpu_type:
+            spec["nodeSelector"] = {gpu_node_label: p.gpu_type}
+        out.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": {
+                        ACTION_LABEL: label_value(req.action_id),
+                        TENANT_LABEL: label_value(req.tenant),
+                        ROLE_LABEL: label_value(p.role),
+                    },
+                    "annotations": {ACTION_ANNOTATION: req.action_id},
+                },
+                "spec": spec,
+            }
+        )
+    return out
+
+
+def build_service(req: DispatchRequest, namespace: str) -> dict[str, Any]:
+    """The headless Service behind the gang's pod DNS names (torchrun, Ray, Spark)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(req.action_id),
+            "namespace": namespace,
+            "labels": {ACTION_LABEL: label_value(req.action_id)},
+            "annotations": {ACTION_ANNOTATION: req.action_id},
+        },
+        "spec": {
+            "clusterIP": "None",
+            # Peers must resolve before they are Ready: the rendezvous is what makes
+            # them Ready.
+            "publishNotReadyAddresses": True,
+            "selector": {ACTION_LABEL: label_value(req.action_id)},
+            "ports": [
+                {"name": "master", "port": MASTER_PORT},
+                {"name": "ray-gcs", "port": RAY_GCS_PORT},
+                {"name": "spark-driver", "port": SPARK_DRIVER_PORT},
+            ],
+        },
+    }
+
+
+# --- status translation -----------------------------------------------------------------
+
+
+def _conditions(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c.get("type", ""): c for c in (pod.get("status") or {}).get("conditions") or []}
+
+
+def translate_pod(
+    pod: dict[str, Any], *, node_gone: bool = False
+) -> tuple[ActionEventKind, int | None, str] | None:
+    """What a pod's status says happened to it: ``(kind, exit_code, message)``.
+
+    Args:
+        pod: The pod as the API serves it (a JSON dict).
+        node_gone: The node the pod was bound to no longer exists.
+
+    Returns:
+        The most telling event kind, or None when there is nothing to report yet.
+    """
+    status = pod.get("status") or {}
+    phase = status.get("phase", "")
+    reason = status.get("reason") or ""
+    conds = _conditions(pod)
+    statuses = list(status.get("initContainerStatuses") or []) + list(
+        status.get("containerStatuses") or []
+    )
+
+    # Container-level causes first: an OOM kill also shows up as phase Failed.
+    for cs in statuses:
+        state = cs.get("state") or {}
+        term = state.get("terminated") or {}
+        if term.get("reason") == "OOMKilled":
+            return _K.OOM_KILLED, term.get("exitCode", 137), f"container {cs.get('name')} OOMKilled"
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in _IMAGE_PULL_REASONS:
+            return _K.IMAGE_PULL_FAILED, None, waiting.get("message") or waiting["reason"]
+
+    disruption = conds.get("DisruptionTarget")
+    if disruption is not None and disruption.get("status") == "True":
+        message = disruption.get("message") or disruption.get("reason") or "disrupted"
+        if disruption.get("reason") in _NODE_GONE_REASONS:
+            return _K.NODE_LOST, None, message
+        return _K.PREEMPTED, None, message
+    if reason in ("Evicted", "Preempting"):
+        return _K.PREEMPTED, None, status.get("message") or reason
+    if reason == "NodeLost" or (node_gone and phase not in _FINISHED_PHASES):
+        return _K.NODE_LOST, None, status.get("message") or "node lost"
+
+    if phase == "Succeeded":
+        return _K.SUCCEEDED, 0, "Completed"
+    if phase == "Failed":
+        code: int | None = None
+        why = reason or "Failed"
+        for cs in statuses:
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if term.get("exitCode"):
+                code = int(term["exitCode"])
+                why = term.get("reason") or why
+                break
+        return _K.FAILED, code, status.get("message") or why
+    if phase == "Running":
+        return _K.RUNNING, None, ""
+    scheduled = conds.get("PodScheduled")
+    if scheduled is not None:
+        if scheduled.get("status") == "True":
+            return _K.SCHEDULED, None, f"bound to {(pod.get('spec') or {}).get('nodeName', '')}"
+        if scheduled.get("reason") == "Unschedulable":
+            return _K.UNSCHEDULABLE, None, scheduled.get("message") or "Unschedulable"
+    return None
+
+
+def _quantity(value: Any, parse: Callable[[Any, str], int], what: str) -> int:
+    try:
+        return parse(value, what)
+    except QuantityError:
+        return 0
+
+
+def pod_requests(pod: dict[str, Any]) -> tuple[int, int, int, int]:
+    """A pod's effective requests (cpu_m, memory, ephemeral, gpu), as the scheduler counts
+    them: the larger of the containers' sum and the largest init container, plus
+    overhead."""
+
+    def of(c: dict[str, Any]) -> tuple[int, int, int, int]:
+        r = (c.get("resources") or {}).get("requests") or {}
+        lim = (c.get("resources") or {}).get("limits") or {}
+        gpu = r.get(GPU_RESOURCE, lim.get(GPU_RESOURCE, 0))
+        return (
+            _quantity(r.get("cpu", 0), parse_cpu, "cpu"),
+            _quantity(r.get("memory", 0), parse_memory, "memory"),
+            _quantity(r.get("ephemeral-storage", 0), parse_memory, "ephemeral-storage"),
+            _quantity(gpu, parse_memory, GPU_RESOURCE),
+        )
+
+    spec = pod.get("spec") or {}
+    total = [0, 0, 0, 0]
+    for c in spec.get("containers") or []:
+        total = [a + b for a, b in zip(total, of(c), strict=True)]
+    for c in spec.get("initContainers") or []:
+        total = [max(a, b) for a, b in zip(total, of(c), strict=True)]
+    overhead = spec.get("overhead") or {}
+    total[0] += _quantity(overhead.get("cpu", 0), parse_cpu, "cpu")
+    total[1] += _quantity(overhead.get("memory", 0), parse_memory, "memory")
+    return total[0], total[1], total[2], total[3]
+
+
+def _action_of(pod: dict[str, Any]) -> str | None:
+    meta = pod.get("metadata") or {}
+    annotated = (meta.get("annotations") or {}).get(ACTION_ANNOTATION)
+    if annotated:
+        return str(annotated)
+    labelled = (meta.get("labels") or {}).get(ACTION_LABEL)
+    return str(labelled) if labelled else None
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+# --- informers --------------------------------------------------------------------------
+
+
+@dataclass
+class Informer:
+    """List-then-watch of one kind of object, in a thread, feeding the event loop.
+
+    ``list_fn`` is a ``CoreV1Api`` list method bound to its scope (namespace, selectors).
+    Every change is delivered as ``deliver(type, obj)`` on the loop, ``type`` one of
+    ADDED, MODIFIED, DELETED, or SYNC with ``obj={"items": [...]}`` after a (re)list.
+    """
+
+    name: str
+    list_fn: Callable[..., Any]
+    deliver: Callable[[str, dict[str, Any]], None]
+    on_error: Callable[[ApiException | Exception], None] = lambda exc: None
+    watch_timeout_s: int = 300
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 30.0
+    request_timeout_s: float = 30.0
+    resource_version: str | None = None
+    relists: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _response: Any = None
+    _thread: threading.Thread | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the informer's thread; deliveries go through ``loop``."""
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching; interrupts a blocked watch by shutting its socket down.
+
+        Closing the response from this thread would wait for the reader's buffer lock;
+        shutting the socket down makes the blocked read return at once instead.
+        """
+        self._stop.set()
+        resp = self._response
+        conn = getattr(resp, "connection", None) or getattr(resp, "_connection", None)
+        sock = getattr(conn, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    async def join(self) -> None:
+        """Wait for the thread to end (after :meth:`stop`)."""
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5.0)
+
+    def _emit(self, kind: str, obj: dict[str, Any]) -> None:
+        if not self._stop.is_set():
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                self._loop.call_soon_threadsafe(self.deliver, kind, obj)
+
+    def _run(self) -> None:
+        backoff = self.backoff_initial_s
+        while not self._stop.is_set():
+            try:
+                if self.resource_version is None:
+                    self._list()
+                self._watch()
+                backoff = self.backoff_initial_s
+            except ApiException as exc:
+                if exc.status == 410:
+                    # Our resourceVersion was compacted away: start over from a list.
+                    self.resource_version = None
+                    continue
+                if self._stop.is_set():
+                    return
+                log.warning("informer %s: %s %s", self.name, exc.status, exc.reason)
+                self._emit_error(exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self.backoff_max_s)
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("informer %s: %s", self.name, exc)
+                self._emit_error(exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self.backoff_max_s)
+
+    def _emit_error(self, exc: ApiException | Exception) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self.on_error, exc)
+
+    def _list(self) -> None:
+        resp = self.list_fn(_preload_content=False, _request_timeout=self.request_timeout_s)
+        body = json.loads(resp.data)
+        self.resource_version = (body.get("metadata") or {}).get("resourceVersion") or None
+        self.relists += 1
+        self._emit("SYNC", {"items": body.get("items") or []})
+
+    def _watch(self) -> None:
+        resp = self.list_fn(
+            watch=True,
+            resource_version=self.resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.watch_timeout_s,
+            _preload_content=False,
+            # The server ends the watch after timeout_seconds; the read timeout is only a
+            # backstop against a silently dead connection.
+            _request_timeout=(self.request_timeout_s, self.watch_timeout_s + 30),
+        )
+        self._response = resp
+        try:
+            for line in iter_resp_lines(resp):  # type: ignore[no-untyped-call]
+                if self._stop.is_set():
+                    return
+                if not line:
+                    continue
+                event = json.loads(line)
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    code = obj.get("code", 500)
+                    raise ApiException(status=code, reason=obj.get("reason") or obj.get("message"))
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if rv:
+                    self.resource_version = rv
+                if kind == "BOOKMARK":
+                    continue
+                self._emit(kind, obj)
+        finally:
+            self._response = None
+            with contextlib.suppress(Exception):
+                resp.release_conn()
+
+
+# --- the backend ------------------------------------------------------------------------
+
+
+class KubernetesBackend:
+    """A real cluster, through the kube API.
+
+    Args:
+        name: The cluster's name as the control plane knows it.
+        namespace: Namespace the pods run in (and the only one watched). None: the
+            request's namespace, watching all namespaces.
+        kubeconfig: Kubeconfig file; default in-cluster config, else ``~/.kube/config``.
+        context: Kubeconfig context.
+        api_client: A ready ``kubernetes.client.ApiClient`` (overrides the two above).
+        gpu_node_label: Node label carrying the GPU type (``nvidia.com/gpu.product`` is
+            what NVIDIA's GPU feature discovery sets).
+        watch_timeout_s: Server-side watch timeout; watches are renewed after it.
+        sync_timeout_s: How long ``create_pods`` waits for the first pod list, so an
+            adopted gang's current state is known.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        namespace: str | None = None,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        api_client: k8s.ApiClient | None = None,
+        gpu_node_label: str = DEFAULT_GPU_NODE_LABEL,
+        watch_timeout_s: int = 300,
+        sync_timeout_s: float = 30.0,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.gpu_node_label = gpu_node_label
+        self.watch_timeout_s = watch_timeout_s
+        self.sync_timeout_s = sync_timeout_s
+        self.clock = clock
+        self._backoff = (backoff_initial_s, backoff_max_s)
+        self._api_client = api_client
+        self._kubeconfig = kubeconfig
+        self._context = context
+        self._api: k8s.CoreV1Api | None = None
+        self._hub = EventHub()
+        self._changes = ChangeSignal()
+        self._sequence = 0
+        # Headway's pods (label-selected), every pod's requests, and the nodes.
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self._all_pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._nodes_known = False
+        self._gone_nodes: set[str] = set()
+        self._all_pods_known = False
+        self._last: dict[tuple[str, str], ActionEvent] = {}
+        self._deleting: set[str] = set()
+        self._pods_synced = asyncio.Event()
+        self.informers: dict[str, Informer] = {}
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def _make_api(self) -> k8s.CoreV1Api:
+        if self._api_client is None:
+            if self._kubeconfig is None and self._context is None:
+                try:
+                    k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+                except k8s_config.ConfigException:
+                    k8s_config.load_kube_config()  # type: ignore[no-untyped-call]
+                self._api_client = k8s.ApiClient()
+            else:
+                self._api_client = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+                    config_file=self._kubeconfig, context=self._context
+                )
+        return k8s.CoreV1Api(self._api_client)
+
+    @property
+    def api(self) -> k8s.CoreV1Api:
+        """The CoreV1 API (built on first use)."""
+        if self._api is None:
+            self._api = self._make_api()
+        return self._api
+
+    async def start(self) -> None:
+        """Start the pod, all-pods and node informers."""
+        api = await asyncio.to_thread(lambda: self.api)
+        loop = asyncio.get_running_loop()
+        selector = ACTION_LABEL
+        if self.namespace is None:
+
+            def pods_fn(**kw: Any) -> Any:
+                return api.list_pod_for_all_namespaces(label_selector=selector, **kw)
+        else:
+            ns = self.namespace
+
+            def pods_fn(**kw: Any) -> Any:
+                return api.list_namespaced_pod(ns, label_selector=selector, **kw)
+
+        def all_pods_fn(**kw: Any) -> Any:
+            return api.list_pod_for_all_namespaces(
+                field_selector="status.phase!=Succeeded,status.phase!=Failed", **kw
+            )
+
+        initial, cap = self._backoff
+        common: dict[str, Any] = {
+            "watch_timeout_s": self.watch_timeout_s,
+            "backoff_initial_s": initial,
+            "backoff_max_s": cap,
+        }
+        self.informers = {
+            "pods": Informer("pods", pods_fn, self._on_pod, **common),
+            "all-pods": Informer(
+                "all-pods", all_pods_fn, self._on_any_pod, self._on_all_pods_error, **common
+            ),
+            "nodes": Informer(
+                "nodes", api.list_node, self._on_node, self._on_nodes_error, **common
+            ),
+        }
+        for informer in self.informers.values():
+            informer.start(loop)
+
+    async def close(self) -> None:
+        """Stop the informers and close the API client."""
+        for informer in self.informers.values():
+            informer.stop()
+        for informer in self.informers.values():
+            await informer.join()
+        if self._api_client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._api_client.close)
+
+    # --- pods ---------------------------------------------------------------------------
+
+    def _ns(self, requested: str) -> str:
+        return self.namespace or requested or "default"
+
+    async def create_pods(self, req: DispatchRequest) -> list[str]:
+        """Create the gang (and its headless Service); 409 Conflict adopts the existing."""
+        ns = self._ns(req.namespace)
+        self._deleting.discard(req.action_id)
+        if needs_service(req):
+            await self._create(
+                lambda body: self.api.create_namespaced_service(ns, _any(body)),
+                build_service(req, ns),
+            )
+        names = []
+        for body in build_pods(req, ns, self.gpu_node_label):
+            names.append(body["metadata"]["name"])
+            await self._create(lambda b: self.api.create_namespaced_pod(ns, _any(b)), body)
+        # Adoption relies on the informer's picture: make sure it has been listed once.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._pods_synced.wait(), self.sync_timeout_s)
+        return names
+
+    @staticmethod
+    async def _create(fn: Callable[[dict[str, Any]], Any], body: dict[str, Any]) -> None:
+        try:
+            await asyncio.to_thread(fn, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            log.info("adopting existing %s %s", body["kind"], body["metadata"]["name"])
+
+    async def delete_pods(self, action_id: str, namespace: str = "default") -> int:
+        """Delete the action's pods and Service (404s are fine: idempotent)."""
+        ns = self._ns(namespace)
+        self._deleting.add(action_id)
+        resp: Any = await asyncio.to_thread(
+            self.api.list_namespaced_pod,
+            ns,
+            label_selector=f"{ACTION_LABEL}={label_value(action_id)}",
+            _preload_content=False,
+        )
+        items = json.loads(resp.data).get("items") or []
+        deleted = 0
+        for pod in items:
+            if _action_of(pod) != action_id:
+                continue  # a label-value collision after sanitizing: not ours
+            name = pod["metadata"]["name"]
+            try:
+                await asyncio.to_thread(
+                    self.api.delete_namespaced_pod, name, ns, grace_period_seconds=0
+                )
+                deleted += 1
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        try:
+            await asyncio.to_thread(self.api.delete_namespaced_service, service_name(action_id), ns)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        return deleted
+
+    # --- events -------------------------------------------------------------------------
+
+    def subscribe(self) -> contextlib.AbstractContextManager[asyncio.Queue[ActionEvent]]:
+        """A queue of every event published while the context is open."""
+        return self._hub.subscribe()
+
+    def events(self) -> AsyncIterator[ActionEvent]:
+        """Every event, for all actions, from now on."""
+        return self._hub.stream()
+
+    async def current_events(self, action_id: str) -> list[ActionEvent]:
+        """The latest event of each of the action's pods, from the informer's picture."""
+        return [e for e in self._last.values() if e.action_id == action_id]
+
+    def _report(self, key: tuple[str, str], pod: dict[str, Any], *, node_gone: bool) -> None:
+        action = _action_of(pod)
+        if action is None:
+            return
+        state = translate_pod(pod, node_gone=node_gone)
+        if state is None:
+            return
+        kind, code, message = state
+        last = self._last.get(key)
+        if last is not None and (
+            last.kind in TERMINAL_EVENTS or (last.kind, last.message) == (kind, message)
+        ):
+            return
+        event = ActionEvent(
+            action_id=action,
+            kind=kind,
+            cluster=self.name,
+            pod=key[1],
+            node=(pod.get("spec") or {}).get("nodeName"),
+            exit_code=code,
+            message=message,
+            observed_at=self.clock(),
+        )
+        self._last[key] = event
+        self._hub.publish(event)
+
+    def _node_gone(self, pod: dict[str, Any]) -> bool:
+        # Only a node we saw go counts: the node informer may simply not have caught up
+        # with a node that was just added.
+        node = (pod.get("spec") or {}).get("nodeName")
+        return bool(node) and node in self._gone_nodes
+
+    def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "SYNC":
+            fresh = {_key(p): p for p in obj["items"]}
+            for key in set(self._pods) - set(fresh):
+                self._pod_gone(key, self._pods.pop(key))
+            for key, pod in fresh.items():
+                self._pods[key] = pod
+                self._report(key, pod, node_gone=self._node_gone(pod))
+            self._pods_synced.set()
+        elif kind == "DELETED":
+            key = _key(obj)
+            self._pods.pop(key, None)
+            self._report(key, obj, node_gone=self._node_gone(obj))
+            self._pod_gone(key, obj)
+        else:
+            key = _key(obj)
+            self._pods[key] = obj
+            self._report(key, obj, node_gone=self._node_gone(obj))
+        self._changes.bump()
+
+    def _pod_gone(self, key: tuple[str, str], pod: dict[str, Any]) -> None:
+        action = _action_of(pod)
+        last = self._last.get(key)
+        if (
+            action is not None
+            and action not in self._deleting
+            and (last is None or last.kind not in TERMINAL_EVENTS)
+        ):
+            # Deleted under a live action by someone else: the pod is not coming back.
+            gone = self._node_gone(pod)
+            event = ActionEvent(
+                action_id=action,
+                kind=_K.NODE_LOST if gone else _K.FAILED,
+                cluster=self.name,
+                pod=key[1],
+                node=(pod.get("spec") or {}).get("nodeName"),
+                message="node lost" if gone else "pod was deleted",
+                observed_at=self.clock(),
+            )
+            self._hub.publish(event)
+        self._last.pop(key, None)
+
+    def _on_any_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "SYNC":
+            self._all_pods = {_key(p): p for p in obj["items"]}
+            self._all_pods_known = True
+        elif kind == "DELETED":
+            self._all_pods.pop(_key(obj), None)
+        else:
+            self._all_pods[_key(obj)] = obj
+        self._changes.bump()
+
+    def _on_all_pods_error(self, exc: ApiException | Exception) -> None:
+        if isinstance(exc, ApiException) and exc.status in (401, 403):
+            self._all_pods_known = False
+            self._changes.bump()
+
+    def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "SYNC":
+            fresh = {(n.get("metadata") or {}).get("name", ""): n for n in obj["items"]}
+            gone = set(self._nodes) - set(fresh)
+            self._nodes = fresh
+            self._nodes_known = True
+        elif kind == "DELETED":
+            name = (obj.get("metadata") or {}).get("name", "")
+            self._nodes.pop(name, None)
+            gone = {name}
+        else:
+            self._nodes[(obj.get("metadata") or {}).get("name", "")] = obj
+            gone = set()
+        self._gone_nodes -= set(self._nodes)
+        self._gone_nodes |= gone
+        for key, pod in self._pods.items():
+            if (pod.get("spec") or {}).get("nodeName") in gone:
+                self._report(key, pod, node_gone=True)
+        self._changes.bump()
+
+    def _on_nodes_error(self, exc: ApiException | Exception) -> None:
+        if isinstance(exc, ApiException) and exc.status in (401, 403, 404):
+            # Not allowed to read nodes: capacity is unknown, which means open.
+            self._nodes_known = False
+            self._changes.bump()
+
+    # --- capacity -----------------------------------------------------------------------
+
+    def _node_capacity(self, node: dict[str, Any], used: tuple[int, int, int, int]) -> NodeCapacity:
+        alloc = (node.get("status") or {}).get("allocatable") or {}
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        cpu = _quantity(alloc.get("cpu", 0), parse_cpu, "cpu")
+        memory = _quantity(alloc.get("memory", 0), parse_memory, "memory")
+        eph = _quantity(alloc.get("ephemeral-storage", 0), parse_memory, "ephemeral-storage")
+        gpu = _quantity(alloc.get(GPU_RESOURCE, 0), parse_memory, GPU_RESOURCE)
+        cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (node.get("status") or {}).get("conditions")
+            or [{"type": "Ready", "status": "True"}]
+        )
+        # A cordoned or NotReady node takes no new pods: nothing on it is free.
+        usable = not cordoned and ready
+        return NodeCapacity(
+            name=(node.get("metadata") or {}).get("name", ""),
+            cpu_m=cpu,
+            memory=memory,
+            ephemeral_storage=eph,
+            gpu=gpu,
+            gpu_type=labels.get(self.gpu_node_label) if gpu else None,
+            free_cpu_m=max(cpu - used[0], 0) if usable else 0,
+            free_memory=max(memory - used[1], 0) if usable else 0,
+            free_ephemeral_storage=max(eph - used[2], 0) if usable else 0,
+            free_gpu=max(gpu - used[3], 0) if usable else 0,
+        )
+
+    async def capacity(self) -> CapacityReport:
+        """Per node: allocatable, and free = allocatable - requests of non-terminal pods.
+
+        ``nodes`` is None while nodes or pods cannot be read (not yet listed, or RBAC
+        forbids it): unknown means open.
+        """
+        self._sequence += 1
+        now = self.clock()
+        if not (self._nodes_known and self._all_pods_known):
+            return CapacityReport(self.name, None, [], self._sequence, now)
+        used: dict[str, list[int]] = {}
+        # The headway informer may be ahead of the all-pods one: count each pod once,
+        # from the freshest copy.
+        pods = {**self._all_pods, **self._pods}
+        for pod in pods.values():
+            node = (pod.get("spec") or {}).get("nodeName")
+            phase = (pod.get("status") or {}).get("phase")
+            if not node or phase in _FINISHED_PHASES:
+                continue
+            u = used.setdefault(node, [0, 0, 0, 0])
+            for i, q in enumerate(pod_requests(pod)):
+                u[i] += q
+        nodes = [
+            self._node_capacity(n, tuple(used.get(name, [0, 0, 0, 0])))  # type: ignore[arg-type]
+            for name, n in sorted(self._nodes.items())
+        ]
+        live: dict[str, bool] = {}
+        for pod in self._pods.values():
+            action = _action_of(pod)
+            phase = (pod.get("status") or {}).get("phase")
+            if action is None or phase in _FINISHED_PHASES:
+                continue
+            bound = bool((pod.get("spec") or {}).get("nodeName"))
+            live[action] = live.get(action, True) and bound
+        reflected = sorted(a for a, ok in live.items() if ok)
+        return CapacityReport(self.name, nodes, reflected, self._sequence, now)
+
+    async def wait_capacity_change(self, since: int) -> int:
+        """Block until an informer delivered something after version ``since``."""
+        return await self._changes.wait(since)
+
+
+def _any(body: dict[str, Any]) -> Any:
+    # The client serializes plain dicts as they are; its stubs only name the models.
+    return body

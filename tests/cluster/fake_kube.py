@@ -1,0 +1,244 @@
+"""kmock's Kubernetes emulator, extended where it falls short of a real API server.
+
+kmock 0.8 serves a real HTTP API that the official client talks to unchanged, but it
+leaves a created object's namespace empty, has no resourceVersion, ignores label/field
+selectors and ``timeoutSeconds``, and cannot expire a watch. The subclass below adds just
+that: a global resourceVersion stamped on every change, an event log that watches replay
+from a given resourceVersion (410 Gone once it has been compacted away), selectors,
+server-side watch timeouts with bookmarks, and 403 for resources a test forbids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import kmock
+from kmock._internal import enums, rendering
+
+_WRITE = {
+    enums.action.CREATE: "ADDED",
+    enums.action.UPDATE: "MODIFIED",
+    enums.action.DELETE: "DELETED",
+}
+
+
+def _lookup(obj: dict[str, Any], path: str) -> Any:
+    cur: Any = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return cur
+
+
+def _selector_matches(labels: dict[str, str], selector: str) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k.strip()) == v.strip():
+                return False
+        elif "=" in term:
+            k, v = term.replace("==", "=").split("=", 1)
+            if labels.get(k.strip()) != v.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _fields_match(obj: dict[str, Any], selector: str) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if str(_lookup(obj, k) or "") == v:
+                return False
+        elif "=" in term:
+            k, v = term.replace("==", "=").split("=", 1)
+            if str(_lookup(obj, k) or "") != v:
+                return False
+    return True
+
+
+@attrs.define(kw_only=True)
+class FakeKube(kmock.KubernetesEmulator):
+    """A kmock emulator that behaves enough like kube-apiserver for informers."""
+
+    rv: int = 0
+    compacted: int = 0
+    log: list[tuple[int, str, str, dict[str, Any]]] = attrs.field(factory=list)
+    forbidden: set[str] = attrs.field(factory=set)
+    generation: int = 0
+    changed: asyncio.Condition = attrs.field(factory=asyncio.Condition)
+    watches_served: int = 0
+
+    # --- test controls --------------------------------------------------------------
+
+    def drop_watches(self) -> None:
+        """End every open watch stream (clients reconnect from their resourceVersion)."""
+        self.generation += 1
+        self._notify()
+
+    def compact(self) -> None:
+        """Forget history: a watch from an older resourceVersion gets 410 Gone."""
+        self.compacted = self.rv
+
+    def modify(self, plural: str, namespace: str | None, name: str, patch: dict[str, Any]) -> None:
+        """Change an object server-side, in this very tick (as a kubelet would)."""
+        obj = self._find(plural, namespace, name)
+        obj.patch(patch)
+        self._record(plural, "MODIFIED", obj.raw)
+
+    def live(self, plural: str) -> list[dict[str, Any]]:
+        """Current objects of a resource (raw dicts)."""
+        return [
+            obj.raw
+            for (res, _, _), obj in self._objects.items()
+            if res.plural == plural and not obj.deleted
+        ]
+
+    # --- internals ------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        async def wake() -> None:
+            async with self.changed:
+                self.changed.notify_all()
+
+        asyncio.get_running_loop().create_task(wake())
+
+    def _record(self, plural: str, kind: str, raw: dict[str, Any]) -> None:
+        self.rv += 1
+        obj = copy.deepcopy(raw)
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+        self.log.append((self.rv, plural, kind, obj))
+        self._notify()
+
+    def _stamped(self, plural: str, raw: dict[str, Any]) -> dict[str, Any]:
+        meta = raw.get("metadata") or {}
+        rv = 0
+        for r, p, _, o in reversed(self.log):
+            om = o.get("metadata") or {}
+            if (
+                p == plural
+                and om.get("name") == meta.get("name")
+                and om.get("namespace") == meta.get("namespace")
+            ):
+                rv = r
+                break
+        obj = copy.deepcopy(raw)
+        obj.setdefault("metadata", {})["resourceVersion"] = str(rv)
+        return obj
+
+    def _find(self, plural: str, namespace: str | None, name: str | None) -> Any:
+        for (res, ns, n), obj in self._objects.items():
+            if res.plural == plural and (ns or None) == (namespace or None) and n == name:
+                return obj
+        return None
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        res = request.resource
+        if res is not None and res.plural in self.forbidden:
+            raise kmock.KubernetesError(
+                status=403, reason="Forbidden", message=f"{res.plural} is forbidden"
+            )
+        kind = _WRITE.get(request.action) if res is not None and request.action else None
+        name = request.name
+        namespace = request.namespace
+        if kind == "ADDED" and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            # kmock keeps only what the body says; the real server fills in the URL's
+            # namespace, and informers filter on it.
+            if request.namespace and not meta.get("namespace"):
+                meta["namespace"] = request.namespace
+            meta.setdefault("uid", f"uid-{meta.get('name')}-{self.rv}")
+            meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            name = meta.get("name")
+            namespace = meta.get("namespace")
+        response = await super()._handle(request)
+        if kind is not None and res is not None and response.status < 300:
+            obj = self._find(res.plural, namespace, name)
+            if obj is not None:
+                raw = obj.last.raw if obj.deleted else obj.raw
+                self._record(res.plural, kind, raw)
+        return response
+
+    def _visible(self, request: rendering.Request, obj: dict[str, Any]) -> bool:
+        meta = obj.get("metadata") or {}
+        if request.namespace is not None and meta.get("namespace") != request.namespace:
+            return False
+        labels = meta.get("labels") or {}
+        if not _selector_matches(labels, request.params.get("labelSelector", "")):
+            return False
+        return _fields_match(obj, request.params.get("fieldSelector", ""))
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        assert request.resource is not None
+        plural = request.resource.plural
+        items = [self._stamped(plural, o) for o in self.live(plural) if self._visible(request, o)]
+        return {
+            "apiVersion": "v1",
+            "kind": "List",
+            "metadata": {"resourceVersion": str(self.rv)},
+            "items": items,
+        }
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
+        assert request.resource is not None
+        plural = request.resource.plural
+        self.watches_served += 1
+        yield b""
+        since = int(request.params.get("resourceVersion") or self.rv)
+        if since < self.compacted:
+            yield {
+                "type": "ERROR",
+                "object": {
+                    "apiVersion": "v1",
+                    "kind": "Status",
+                    "status": "Failure",
+                    "code": 410,
+                    "reason": "Expired",
+                    "message": f"too old resource version: {since} ({self.compacted})",
+                },
+            }
+            return
+        timeout = float(request.params.get("timeoutSeconds") or 3600)
+        deadline = asyncio.get_running_loop().time() + timeout
+        generation = self.generation
+        pos = since
+        raw = request._raw_request
+        while True:
+            if self.generation != generation:
+                return
+            if raw is not None and (raw.transport is None or raw.transport.is_closing()):
+                return  # the client went away
+            for rv, p, kind, obj in self.log:
+                if self.generation != generation:
+                    return
+                if rv > pos and p == plural:
+                    pos = rv
+                    if self._visible(request, obj):
+                        yield {"type": kind, "object": obj}
+            pos = max(pos, self.rv)
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                if request.params.get("allowWatchBookmarks") == "true":
+                    yield {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": "Pod",
+                            "apiVersion": "v1",
+                            "metadata": {"resourceVersion": str(self.rv)},
+                        },
+                    }
+                return
+            # Bounded waits: a change recorded while we were not yet waiting is seen on
+            # the next pass instead of being lost.
+            async with self.changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), min(left, 0.2))
