@@ -78,6 +78,8 @@ class Admitted:
 class _Action:
     __slots__ = (
         "charged",
+        "ck",
+        "ck_est",
         "cluster",
         "dkey",
         "env",
@@ -126,6 +128,9 @@ class _Action:
         self.est_end: float | None = None
         self.charged = False
         self.inst: _EnvInstance | None = None
+        # Decision classes (see Scheduler._visit), interned to ints at submit.
+        self.ck = 0
+        self.ck_est = 0
 
     def note(self, reason: str) -> None:
         if reason != self.last:
@@ -271,6 +276,7 @@ class Scheduler:
         self._org_epoch = 0
         self._hist_epoch = 0
         self._dkeys: dict[tuple[Pod, ...], int] = {}
+        self._classes: dict[tuple[Any, ...], int] = {}
         self._could_hold: dict[tuple[int, int], bool] = {}
         for c in clusters:
             self.add_cluster(c)
@@ -407,6 +413,12 @@ class Scheduler:
             k = self._dkeys[pods] = len(self._dkeys)
         return k
 
+    def _classify(self, a: _Action) -> None:
+        k = (a.dkey, a.env)
+        a.ck = self._classes.setdefault(k, len(self._classes))
+        ke = (a.dkey, a.env, a.spec.estimate, a.task if a.spec.estimate is None else None)
+        a.ck_est = self._classes.setdefault(ke, len(self._classes))
+
     def estimate(self, task: str, declared: float | None) -> float | None:
         """Declared estimate, else the mean of the task's last two completed runs."""
         if declared is not None:
@@ -477,6 +489,7 @@ class Scheduler:
             if not any(self._could(c, cr, ck) for c in self._eligible(q, healthy_only=False)):
                 return Reason.Unschedulable
         self.run_accepted[run] = self.run_accepted.get(run, 0) + 1
+        self._classify(a)
         self.actions[a.id] = a
         w = q.waiting
         if not w or (w[-1].submit, w[-1].seq) <= (a.submit, a.seq):
@@ -571,6 +584,16 @@ class Scheduler:
             i.expires_at for i in self.envs.values() if i.active == 0 and i.expires_at is not None
         ]
         return min(ts) if ts else None
+
+    def invalidate(self) -> None:
+        """Forget what incremental passes remember: the next pass visits every queue.
+
+        Never needed for correctness (every input a visit reads is tracked); useful to
+        measure a full pass, or to rule the incremental path out when debugging.
+        """
+        for q in self.queues.values():
+            q.last_sig = None
+        self._fit_cache.clear()
 
     def _settle_status(self, q: _Queue) -> None:
         if q.spec.status is QueueStatus.draining and not q.waiting and q.running == 0:
@@ -730,17 +753,16 @@ class Scheduler:
         # Actions alike in everything the decision reads (demand, environment, run
         # where run caps apply, estimate where reservations apply) get the same answer
         # while the state is unchanged: decide once per class, not once per action.
-        memo: dict[tuple[Any, ...], tuple[int, Reason]] = {}
+        memo: dict[Any, tuple[int, Reason]] = {}
+        # Where reservations apply, an action's estimate matters too. It is a function
+        # of the declared estimate, or else of the task's history (fixed within a pass).
+        resv = self._resv
         keep: list[_Action] = []
         started = 0
         q.blocked_head = None
         for a in q.waiting:
-            key = (
-                a.dkey,
-                a.env,
-                a.run if run_gates else None,
-                self.estimate(a.task, a.spec.estimate) if self._resv else None,
-            )
+            ck = a.ck_est if resv else a.ck
+            key: Any = (ck, a.run) if run_gates else ck
             m = memo.get(key)
             if m is not None and m[0] == v.ver:
                 if m[1] != a.last:
@@ -1260,6 +1282,7 @@ class Scheduler:
             a.env_declared = spec.environment is not None and spec.environment in s.env_specs
             a.reasons = list(r[10])
             a.last = r[11]
+            s._classify(a)
             s.actions[a.id] = a
             return a
 

@@ -1,0 +1,284 @@
+"""Benchmark: the scheduler core's pass at fleet scale.
+
+100,000 pending actions in 200 queues over 100 clusters x 4 node shapes, a mix of single
+pods and gangs (replicas, Ray). Figures (milliseconds unless named otherwise):
+
+- full_pass_ms.nothing_fits: every node is taken by long-running work; a pass that must
+  visit every queue (after a fleet-wide capacity change) and give every waiting action
+  its reason.
+- full_pass_ms.fits: the same backlog, but each pass follows 200 completions, so the
+  pass admits work as well as recording reasons.
+- incremental_event_ms: one event (an enqueue, or a completion that frees room for one
+  action) and the pass it triggers, with the full backlog waiting.
+- decisions_per_s: per-action decisions (admit, or a reason) per second in full passes.
+- kth_easy_simulate_s: wall time of ``headway simulate --swf KTH-SP2 --algorithm easy``.
+
+Machines here are noisy, so a calibration loop (a plain Python loop over the same
+100,000 actions) alternates with the timed passes, and the ratio pass/calibration is
+reported beside the absolute figures (median, min, max over the rounds).
+
+Run: ``python bench/core_pass.py`` (about a minute). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from headway.scheduler import (
+    ActionSpec,
+    Algorithm,
+    ClusterSpec,
+    NodeGroup,
+    Pod,
+    Priority,
+    QueueSpec,
+    Quota,
+    Scheduler,
+)
+from headway.scheduler.model import DemandKind, ray_demand, replicas_demand
+from headway.scheduler.simulator import load_swf, simulate
+
+GI = 2**30
+N_PENDING = 100_000
+N_QUEUES = 200
+N_CLUSTERS = 100
+ROUNDS = 5
+
+SHAPES = [
+    NodeGroup("cpu", 4, Pod(cpu=32_000, memory=128 * GI)),
+    NodeGroup("h100", 4, Pod(cpu=96_000, memory=1024 * GI, gpu=8, gpu_type="H100")),
+    NodeGroup("h200", 4, Pod(cpu=96_000, memory=1024 * GI, gpu=8, gpu_type="H200")),
+    NodeGroup("himem", 4, Pod(cpu=64_000, memory=1024 * GI)),
+]
+
+DEMANDS: list[tuple[DemandKind, tuple[Pod, ...]]] = [
+    (DemandKind.single, (Pod(cpu=2_000, memory=8 * GI),)),
+    (DemandKind.single, (Pod(cpu=8_000, memory=64 * GI, gpu=1, gpu_type="H100"),)),
+    (DemandKind.replicas, replicas_demand(Pod(cpu=32_000, memory=256 * GI, gpu=8, gpu_type="H200"), 4)),
+    (
+        DemandKind.ray,
+        ray_demand(Pod(cpu=4_000, memory=16 * GI), [(4, Pod(cpu=8_000, memory=32 * GI, gpu=1))]),
+    ),
+    (DemandKind.single, (Pod(cpu=16_000, memory=512 * GI),)),
+]
+
+
+def fleet() -> list[ClusterSpec]:
+    return [ClusterSpec(f"c{i:03d}", tuple(SHAPES)) for i in range(N_CLUSTERS)]
+
+
+def queues(rng: random.Random) -> list[QueueSpec]:
+    out = []
+    algos = [Algorithm.strict, Algorithm.greedy, Algorithm.backfill, Algorithm.easy]
+    for i in range(N_QUEUES):
+        sel = None
+        if i % 3 == 0:
+            sel = tuple(sorted({f"c{rng.randrange(N_CLUSTERS):03d}" for _ in range(10)}))
+        out.append(
+            QueueSpec(
+                name=f"q{i:03d}",
+                priority=Priority(i % 5),
+                algorithm=algos[i % 4],
+                action_concurrency=5_000 if i % 2 else None,
+                max_resources=Quota(gpu=4_000) if i % 5 == 0 else None,
+                clusters=sel,
+            )
+        )
+    return out
+
+
+def pending(rng: random.Random, n: int, start_seq: int, now: float) -> list[ActionSpec]:
+    out = []
+    for k in range(n):
+        kind, pods = DEMANDS[rng.randrange(len(DEMANDS))]
+        q = rng.randrange(N_QUEUES)
+        seq = start_seq + k
+        out.append(
+            ActionSpec(
+                id=f"a{seq}",
+                queue=f"q{q:03d}",
+                pods=pods,
+                run=f"r{seq // 50}",
+                task=f"t{seq % 97}",
+                submit=now,
+                seq=seq,
+                estimate=float(rng.choice([60, 600, 3600])),
+                kind=kind,
+            )
+        )
+    return out
+
+
+def fill(s: Scheduler, rng: random.Random, now: float) -> list[str]:
+    """Occupy the whole fleet with long-running single-node work, one pod per node."""
+    big = [
+        Pod(cpu=32_000, memory=128 * GI),
+        Pod(cpu=96_000, memory=1024 * GI, gpu=8, gpu_type="H100"),
+        Pod(cpu=96_000, memory=1024 * GI, gpu=8, gpu_type="H200"),
+        Pod(cpu=64_000, memory=1024 * GI),
+    ]
+    ids = []
+    seq = 10_000_000
+    for c in range(N_CLUSTERS):
+        # One pinned queue per cluster, largest shapes first, so each pod lands on a
+        # node of its own shape and the fleet ends exactly full.
+        qn = f"filler-{c:03d}"
+        s.upsert_queue(
+            QueueSpec(qn, priority=Priority.critical, algorithm=Algorithm.greedy, clusters=(f"c{c:03d}",))
+        )
+        for shape in sorted(big, key=lambda p: (-p.gpu, -p.memory, -p.cpu)):
+            for _ in range(4):
+                seq += 1
+                a = ActionSpec(f"f{seq}", qn, (shape,), submit=now, seq=seq, estimate=1e6)
+                assert s.submit(a, now) is None
+                ids.append(a.id)
+    adm = s.schedule(now)
+    assert len(adm) == len(ids), (len(adm), len(ids))
+    return ids
+
+
+def invalidate(s: Scheduler) -> None:
+    """Force a full pass: every queue is visited, every waiting action decided."""
+    s.invalidate()
+
+
+def calibrate(s: Scheduler) -> float:
+    t0 = time.perf_counter()
+    n = 0
+    for q in s.queues.values():
+        for a in q.waiting:
+            if a.last is not None:
+                n += 1
+    return (time.perf_counter() - t0) * 1000
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def main() -> None:
+    rng = random.Random(7)
+    now = 1000.0
+    s = Scheduler(fleet(), queues(rng))
+    running = fill(s, rng, now)
+    for a in pending(rng, N_PENDING, 0, now):
+        assert s.submit(a, now) is None
+    waiting = sum(len(q.waiting) for q in s.queues.values())
+    print(f"setup: {waiting} pending in {N_QUEUES} queues, {N_CLUSTERS} clusters x {len(SHAPES)} shapes,"
+          f" {len(running)} running", file=sys.stderr)
+    s.schedule(now)  # warm-up: first visit of everything
+
+    # --- full pass, nothing fits (calibration alternates with it)
+    nf: list[float] = []
+    ratios: list[float] = []
+    for r in range(ROUNDS + 1):
+        cal = calibrate(s)
+        invalidate(s)
+        t0 = time.perf_counter()
+        adm = s.schedule(now)
+        dt = (time.perf_counter() - t0) * 1000
+        assert not adm
+        if r:  # round 0 is the warm-up
+            nf.append(dt)
+            ratios.append(dt / cal)
+    decisions_nf = waiting / (statistics.median(nf) / 1000)
+    print(f"full pass, nothing fits: p50 {pct(nf, .5):.1f} ms p99 {pct(nf, .99):.1f} ms"
+          f" ({statistics.median(ratios):.1f}x a bare loop over the backlog)", file=sys.stderr)
+
+    # --- incremental events
+    inc: list[float] = []
+    inc_enq: list[float] = []
+    inc_done: list[float] = []
+    seq = N_PENDING
+    for i in range(200):
+        now += 1
+        if i % 2 == 0:
+            (a,) = pending(rng, 1, seq, now)
+            seq += 1
+            t0 = time.perf_counter()
+            s.submit(a, now)
+            s.schedule(now)
+            dt = (time.perf_counter() - t0) * 1000
+            inc_enq.append(dt)
+        else:
+            victim = running.pop(rng.randrange(len(running)))
+            t0 = time.perf_counter()
+            s.finish(victim, now)
+            adm = s.schedule(now)
+            dt = (time.perf_counter() - t0) * 1000
+            running.extend(x.action_id for x in adm)
+            inc_done.append(dt)
+        inc.append(dt)
+    print(f"incremental: enqueue p50 {pct(inc_enq, .5):.2f} ms p99 {pct(inc_enq, .99):.2f} ms;"
+          f" completion p50 {pct(inc_done, .5):.2f} ms p99 {pct(inc_done, .99):.2f} ms", file=sys.stderr)
+
+    # --- full pass with admissions ("fits")
+    fits: list[float] = []
+    admitted = 0
+    decided = 0
+    fit_time = 0.0
+    for r in range(ROUNDS + 1):
+        now += 10
+        for _ in range(200):
+            if running:
+                s.finish(running.pop(rng.randrange(len(running))), now)
+        invalidate(s)
+        w = sum(len(q.waiting) for q in s.queues.values())
+        t0 = time.perf_counter()
+        adm = s.schedule(now)
+        dt = (time.perf_counter() - t0) * 1000
+        running.extend(x.action_id for x in adm)
+        if r:
+            fits.append(dt)
+            admitted += len(adm)
+            decided += w
+            fit_time += dt / 1000
+    print(f"full pass, fits: p50 {pct(fits, .5):.1f} ms p99 {pct(fits, .99):.1f} ms,"
+          f" {admitted / ROUNDS:.0f} admitted per pass", file=sys.stderr)
+    decisions = decided / fit_time if fit_time else 0.0
+
+    # --- KTH-SP2 with EASY
+    trace = Path(__file__).resolve().parents[2] / "shared" / "traces" / "KTH-SP2-1996-2.1-cln.swf"
+    kth_s: float | None = None
+    if trace.exists():
+        sc, skipped = load_swf(trace.read_text(), "easy")
+        t0 = time.perf_counter()
+        simulate(sc, skipped=skipped)
+        kth_s = time.perf_counter() - t0
+        print(f"KTH-SP2 easy: {len(sc.workload)} jobs in {kth_s:.1f} s", file=sys.stderr)
+
+    out: dict[str, Any] = {
+        "pending": waiting,
+        "queues": N_QUEUES,
+        "clusters": N_CLUSTERS,
+        "shapes": len(SHAPES),
+        "rounds": ROUNDS,
+        "full_pass_ms": {
+            "fits": {"p50": round(pct(fits, .5), 2), "p99": round(pct(fits, .99), 2)},
+            "nothing_fits": {"p50": round(pct(nf, .5), 2), "p99": round(pct(nf, .99), 2)},
+        },
+        "incremental_event_ms": {"p50": round(pct(inc, .5), 3), "p99": round(pct(inc, .99), 3)},
+        "incremental_enqueue_ms": {"p50": round(pct(inc_enq, .5), 3), "p99": round(pct(inc_enq, .99), 3)},
+        "incremental_completion_ms": {"p50": round(pct(inc_done, .5), 3), "p99": round(pct(inc_done, .99), 3)},
+        "decisions_per_s": round(max(decisions, decisions_nf)),
+        "decisions_per_s_fits": round(decisions),
+        "decisions_per_s_nothing_fits": round(decisions_nf),
+        "nothing_fits_vs_bare_loop": {k: round(v, 2) for k, v in summary(ratios).items()},
+        "kth_easy_simulate_s": round(kth_s, 2) if kth_s is not None else None,
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
