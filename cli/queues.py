@@ -269,6 +269,8 @@ def get_queues(ctx: click.Context, output: str) -> None:
         "max_resources",
         "clusters",
         "status",
+        "waiting",
+        "running",
     ):
         table.add_column(col)
     for e in entries:
@@ -285,6 +287,8 @@ def get_queues(ctx: click.Context, output: str) -> None:
             quota,
             ", ".join(e["clusters"]) if e["clusters"] is not None else "any",
             e["status"],
+            str(e.get("waiting", "-")),
+            str(e.get("running", "-")),
         )
     Console().print(table)
 

@@ -179,6 +179,9 @@ def test_queue_commands_round_trip(stack: Stack):
     code, out = hw(stack, "update", "queue", "team-a", "--edit", env={"EDITOR": bad})
     assert code != 0 and "algorithm: 'fifo'" in out
 
+    code, out = hw(stack, "get", "queues")
+    assert code == 0 and "team-a" in out and "default" in out
+
     code, out = hw(stack, "update", "queue", "no-such-queue", "--depth", "1")
     assert code != 0 and "does not exist" in out
 
