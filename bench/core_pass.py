@@ -60,7 +60,10 @@ SHAPES = [
 DEMANDS: list[tuple[DemandKind, tuple[Pod, ...]]] = [
     (DemandKind.single, (Pod(cpu=2_000, memory=8 * GI),)),
     (DemandKind.single, (Pod(cpu=8_000, memory=64 * GI, gpu=1, gpu_type="H100"),)),
-    (DemandKind.replicas, replicas_demand(Pod(cpu=32_000, memory=256 * GI, gpu=8, gpu_type="H200"), 4)),
+    (
+        DemandKind.replicas,
+        replicas_demand(Pod(cpu=32_000, memory=256 * GI, gpu=8, gpu_type="H200"), 4),
+    ),
     (
         DemandKind.ray,
         ray_demand(Pod(cpu=4_000, memory=16 * GI), [(4, Pod(cpu=8_000, memory=32 * GI, gpu=1))]),
@@ -130,7 +133,9 @@ def fill(s: Scheduler, rng: random.Random, now: float) -> list[str]:
         # node of its own shape and the fleet ends exactly full.
         qn = f"filler-{c:03d}"
         s.upsert_queue(
-            QueueSpec(qn, priority=Priority.critical, algorithm=Algorithm.greedy, clusters=(f"c{c:03d}",))
+            QueueSpec(
+                qn, priority=Priority.critical, algorithm=Algorithm.greedy, clusters=(f"c{c:03d}",)
+            )
         )
         for shape in sorted(big, key=lambda p: (-p.gpu, -p.memory, -p.cpu)):
             for _ in range(4):
@@ -160,7 +165,7 @@ def calibrate(s: Scheduler) -> float:
 
 def pct(xs: list[float], p: float) -> float:
     s = sorted(xs)
-    return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p * (len(s) - 1)))]
 
 
 def summary(xs: list[float]) -> dict[str, float]:
@@ -175,8 +180,11 @@ def main() -> None:
     for a in pending(rng, N_PENDING, 0, now):
         assert s.submit(a, now) is None
     waiting = sum(len(q.waiting) for q in s.queues.values())
-    print(f"setup: {waiting} pending in {N_QUEUES} queues, {N_CLUSTERS} clusters x {len(SHAPES)} shapes,"
-          f" {len(running)} running", file=sys.stderr)
+    print(
+        f"setup: {waiting} pending in {N_QUEUES} queues, {N_CLUSTERS} clusters x {len(SHAPES)} shapes,"
+        f" {len(running)} running",
+        file=sys.stderr,
+    )
     s.schedule(now)  # warm-up: first visit of everything
 
     # --- full pass, nothing fits (calibration alternates with it)
@@ -193,8 +201,11 @@ def main() -> None:
             nf.append(dt)
             ratios.append(dt / cal)
     decisions_nf = waiting / (statistics.median(nf) / 1000)
-    print(f"full pass, nothing fits: p50 {pct(nf, .5):.1f} ms p99 {pct(nf, .99):.1f} ms"
-          f" ({statistics.median(ratios):.1f}x a bare loop over the backlog)", file=sys.stderr)
+    print(
+        f"full pass, nothing fits: p50 {pct(nf, 0.5):.1f} ms p99 {pct(nf, 0.99):.1f} ms"
+        f" ({statistics.median(ratios):.1f}x a bare loop over the backlog)",
+        file=sys.stderr,
+    )
 
     # --- incremental events
     inc: list[float] = []
@@ -220,8 +231,11 @@ def main() -> None:
             running.extend(x.action_id for x in adm)
             inc_done.append(dt)
         inc.append(dt)
-    print(f"incremental: enqueue p50 {pct(inc_enq, .5):.2f} ms p99 {pct(inc_enq, .99):.2f} ms;"
-          f" completion p50 {pct(inc_done, .5):.2f} ms p99 {pct(inc_done, .99):.2f} ms", file=sys.stderr)
+    print(
+        f"incremental: enqueue p50 {pct(inc_enq, 0.5):.2f} ms p99 {pct(inc_enq, 0.99):.2f} ms;"
+        f" completion p50 {pct(inc_done, 0.5):.2f} ms p99 {pct(inc_done, 0.99):.2f} ms",
+        file=sys.stderr,
+    )
 
     # --- full pass with admissions ("fits")
     fits: list[float] = []
@@ -244,8 +258,11 @@ def main() -> None:
             admitted += len(adm)
             decided += w
             fit_time += dt / 1000
-    print(f"full pass, fits: p50 {pct(fits, .5):.1f} ms p99 {pct(fits, .99):.1f} ms,"
-          f" {admitted / ROUNDS:.0f} admitted per pass", file=sys.stderr)
+    print(
+        f"full pass, fits: p50 {pct(fits, 0.5):.1f} ms p99 {pct(fits, 0.99):.1f} ms,"
+        f" {admitted / ROUNDS:.0f} admitted per pass",
+        file=sys.stderr,
+    )
     decisions = decided / fit_time if fit_time else 0.0
 
     # --- KTH-SP2 with EASY
@@ -265,12 +282,18 @@ def main() -> None:
         "shapes": len(SHAPES),
         "rounds": ROUNDS,
         "full_pass_ms": {
-            "fits": {"p50": round(pct(fits, .5), 2), "p99": round(pct(fits, .99), 2)},
-            "nothing_fits": {"p50": round(pct(nf, .5), 2), "p99": round(pct(nf, .99), 2)},
+            "fits": {"p50": round(pct(fits, 0.5), 2), "p99": round(pct(fits, 0.99), 2)},
+            "nothing_fits": {"p50": round(pct(nf, 0.5), 2), "p99": round(pct(nf, 0.99), 2)},
         },
-        "incremental_event_ms": {"p50": round(pct(inc, .5), 3), "p99": round(pct(inc, .99), 3)},
-        "incremental_enqueue_ms": {"p50": round(pct(inc_enq, .5), 3), "p99": round(pct(inc_enq, .99), 3)},
-        "incremental_completion_ms": {"p50": round(pct(inc_done, .5), 3), "p99": round(pct(inc_done, .99), 3)},
+        "incremental_event_ms": {"p50": round(pct(inc, 0.5), 3), "p99": round(pct(inc, 0.99), 3)},
+        "incremental_enqueue_ms": {
+            "p50": round(pct(inc_enq, 0.5), 3),
+            "p99": round(pct(inc_enq, 0.99), 3),
+        },
+        "incremental_completion_ms": {
+            "p50": round(pct(inc_done, 0.5), 3),
+            "p99": round(pct(inc_done, 0.99), 3),
+        },
         "decisions_per_s": round(max(decisions, decisions_nf)),
         "decisions_per_s_fits": round(decisions),
         "decisions_per_s_nothing_fits": round(decisions_nf),

@@ -22,8 +22,15 @@ from .model import (
     RateLimit,
 )
 from .reasons import Reason, describe
-from .resources import Pod, Quota, QuantityError, Usage, parse_cpu, parse_gpu, parse_memory
-from .scenario import Fleet, Scenario, ScenarioError, demand_from_request, load_scenario, parse_fleet
+from .resources import Pod, QuantityError, Quota, Usage, parse_cpu, parse_gpu, parse_memory
+from .scenario import (
+    Fleet,
+    Scenario,
+    ScenarioError,
+    demand_from_request,
+    load_scenario,
+    parse_fleet,
+)
 
 __all__ = [
     "ActionSpec",

@@ -144,13 +144,13 @@ class _Queue:
         "blocked_head",
         "cap_sig",
         "epoch",
+        "horizon",
         "last_cap_epoch",
         "last_holds",
         "last_resv",
         "last_sig",
         "last_started",
         "last_up_len",
-        "horizon",
         "run_counts",
         "running",
         "spec",
@@ -193,7 +193,12 @@ class _EnvInstance:
     )
 
     def __init__(
-        self, spec: EnvironmentSpec, cluster: str, nodes: list[int], pods: tuple[Pod, ...], queue: str
+        self,
+        spec: EnvironmentSpec,
+        cluster: str,
+        nodes: list[int],
+        pods: tuple[Pod, ...],
+        queue: str,
     ) -> None:
         self.spec = spec
         self.cluster = cluster
@@ -364,7 +369,9 @@ class Scheduler:
                 a.nodes = placed if placed is not None else []
         for inst in self.envs.values():
             if inst.cluster == name and inst.nodes:
-                remapped = [index.get(old_names[i], -1) if i < len(old_names) else -1 for i in inst.nodes]
+                remapped = [
+                    index.get(old_names[i], -1) if i < len(old_names) else -1 for i in inst.nodes
+                ]
                 inst.nodes = remapped if all(i >= 0 for i in remapped) else []
 
     def upsert_queue(self, spec: QueueSpec) -> None:
@@ -461,7 +468,9 @@ class Scheduler:
             if self.tokens is None:
                 self.tokens = rate.burst
             else:
-                self.tokens = min(rate.burst, self.tokens + (now - self.token_time) * rate.per_second)
+                self.tokens = min(
+                    rate.burst, self.tokens + (now - self.token_time) * rate.per_second
+                )
             self.token_time = now
             if self.tokens < 1.0:
                 return Reason.RateLimited
@@ -719,18 +728,17 @@ class Scheduler:
         if spec.action_concurrency is not None and q.running >= spec.action_concurrency:
             return Reason.ActionConcurrency
         rc = q.run_counts
-        if (
-            spec.run_concurrency is not None
-            and a.run not in rc
-            and len(rc) >= spec.run_concurrency
-        ):
+        if spec.run_concurrency is not None and a.run not in rc and len(rc) >= spec.run_concurrency:
             return Reason.RunConcurrency
         if spec.per_run_concurrency is not None and rc.get(a.run, 0) >= spec.per_run_concurrency:
             return Reason.PerRunConcurrency
         if spec.max_resources is not None and spec.max_resources.exceeded_by(q.usage, demand):
             return Reason.MaxResources
         org = self.org
-        if org.max_concurrent_actions is not None and self.org_running >= org.max_concurrent_actions:
+        if (
+            org.max_concurrent_actions is not None
+            and self.org_running >= org.max_concurrent_actions
+        ):
             return Reason.OrgConcurrentActions
         if (
             org.max_concurrent_runs is not None
@@ -867,24 +875,26 @@ class Scheduler:
                 continue
             rs = resv.get(c.name)
             if rs:
-                ex = self._allowed(a, now, rs, runs, c)
-                if ex is None:
+                need = self._allowed(a, now, rs, runs, c)
+                if need is None:
                     first_block = first_block or Reason.BackfillWindow
                     continue
-                extras = ex
+                extras = need
             chosen = c
             break
         if chosen is not None:
             if chosen.known:
                 nodes = chosen.place(runs, commit=True, limit=extras[0] if extras else None)
                 assert nodes is not None
-                for ex in extras:
-                    ex.take(runs, nodes)
+                for extra in extras:
+                    extra.take(runs, nodes)
             else:
                 nodes = []
             new_inst = None
             if a.env_declared and a.env:
-                new_inst = _EnvInstance(self.env_specs[a.env], chosen.name, nodes, pods, q.spec.name)
+                new_inst = _EnvInstance(
+                    self.env_specs[a.env], chosen.name, nodes, pods, q.spec.name
+                )
                 self.envs[a.env] = new_inst
                 q.usage.add(new_inst.usage)
             self._admit(q, a, chosen, nodes, new_inst, now, out)
@@ -1066,7 +1076,8 @@ class Scheduler:
         if hit[3] < self._horizon:
             self._horizon = hit[3]
         # The cached EASY extra is shared: ``_reserve`` copies the one it keeps.
-        return res
+        cached: tuple[float, ClusterState | None] | None = res
+        return cached
 
     def _project(
         self, c: ClusterState, runs: Runs, now: float, easy: bool
@@ -1210,8 +1221,16 @@ class Scheduler:
         for a in self.actions.values():
             if a.state == "running":
                 running.append(
-                    [row(a), a.cluster, a.nodes, a.start, a.est, a.est_end, a.charged,
-                     a.inst.spec.name if a.inst is not None else None]
+                    [
+                        row(a),
+                        a.cluster,
+                        a.nodes,
+                        a.start,
+                        a.est,
+                        a.est_end,
+                        a.charged,
+                        a.inst.spec.name if a.inst is not None else None,
+                    ]
                 )
         clusters = [
             {
@@ -1274,8 +1293,16 @@ class Scheduler:
 
         def action(r: list[Any]) -> _Action:
             spec = ActionSpec(
-                id=r[0], queue=r[1], pods=demands[r[9]], run=r[2], task=r[3], submit=r[4],
-                seq=r[5], estimate=r[6], environment=r[7], kind=DemandKind(r[8]),
+                id=r[0],
+                queue=r[1],
+                pods=demands[r[9]],
+                run=r[2],
+                task=r[3],
+                submit=r[4],
+                seq=r[5],
+                estimate=r[6],
+                environment=r[7],
+                kind=DemandKind(r[8]),
                 meta=r[12] or {},
             )
             a = _Action(spec, s._dkey(demands[r[9]]), demands[r[9]])

@@ -36,8 +36,8 @@ class ClusterState:
 
     __slots__ = (
         "cap",
-        "feph",
         "fcpu",
+        "feph",
         "fgpu",
         "fmem",
         "groups",
@@ -314,7 +314,9 @@ class ClusterState:
                 block.append(cands[j])
                 j += 1
             if len(block) == 1:
-                seq = [(i, block[0][3]) for i in block[0][2][: remaining if limit is None else None]]
+                seq = [
+                    (i, block[0][3]) for i in block[0][2][: remaining if limit is None else None]
+                ]
             else:
                 seq = sorted((i, k) for _, _, idxs, k in block for i in idxs)
             for i, k in seq:

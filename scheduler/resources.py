@@ -16,8 +16,8 @@ from typing import Any
 
 __all__ = [
     "Pod",
-    "Quota",
     "QuantityError",
+    "Quota",
     "Usage",
     "parse_cpu",
     "parse_gpu",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import yaml
@@ -141,7 +142,9 @@ class _Ctx:
             raise self.fail(self.line_of(m, k), f"{path}.{k}", f"{v!r} must be >= {minimum:g}")
         return float(v)
 
-    def count(self, m: _Map, k: str, path: str, minimum: int = 0, nullable: bool = True) -> int | None:
+    def count(
+        self, m: _Map, k: str, path: str, minimum: int = 0, nullable: bool = True
+    ) -> int | None:
         v = m[k]
         if v is None and nullable:
             return None
@@ -161,7 +164,9 @@ class _Ctx:
         try:
             return fn()
         except QuantityError as exc:
-            raise self.fail(line, str(exc).split(":")[0], ":".join(str(exc).split(":")[1:]).strip()) from exc
+            raise self.fail(
+                line, str(exc).split(":")[0], ":".join(str(exc).split(":")[1:]).strip()
+            ) from exc
         except ValueError as exc:
             if isinstance(exc, ScenarioError):
                 raise
@@ -221,7 +226,9 @@ def _clusters(ctx: _Ctx, v: Any, path: str, line: int | None) -> list[ClusterSpe
         rc = m.get("reports_capacity", True)
         if not isinstance(rc, bool):
             raise ctx.fail(
-                ctx.line_of(m, "reports_capacity"), f"{p}.reports_capacity", f"{rc!r} is not true/false"
+                ctx.line_of(m, "reports_capacity"),
+                f"{p}.reports_capacity",
+                f"{rc!r} is not true/false",
             )
         out.append(ClusterSpec(name, tuple(groups), rc))
     return out
@@ -247,19 +254,25 @@ def _queue_fields(ctx: _Ctx, m: _Map, p: str, clusters: set[str] | None) -> dict
         if k == "name":
             out["name"] = ctx.string(m, k, p)
         elif k == "priority":
-            out[k] = ctx.wrap(lambda v=v: Priority.parse(v, f"{p}.priority"), line)
+            out[k] = ctx.wrap(partial(Priority.parse, v, f"{p}.priority"), line)
         elif k == "algorithm":
             if v not in Algorithm.__members__:
-                raise ctx.fail(line, f"{p}.algorithm", f"{v!r} is not one of strict, greedy, backfill, easy")
+                raise ctx.fail(
+                    line, f"{p}.algorithm", f"{v!r} is not one of strict, greedy, backfill, easy"
+                )
             out[k] = Algorithm(v)
         elif k == "status":
             if v not in QueueStatus.__members__:
-                raise ctx.fail(line, f"{p}.status", f"{v!r} is not one of active, draining, drained")
+                raise ctx.fail(
+                    line, f"{p}.status", f"{v!r} is not one of active, draining, drained"
+                )
             out[k] = QueueStatus(v)
         elif k in _QUEUE_KNOBS:
             out[k] = ctx.count(m, k, p, 0)
         elif k == "max_resources":
-            out[k] = None if v is None else ctx.wrap(lambda v=v: parse_quota(v, f"{p}.max_resources"), line)
+            out[k] = (
+                None if v is None else ctx.wrap(partial(parse_quota, v, f"{p}.max_resources"), line)
+            )
         elif k == "clusters":
             if v is None:
                 out[k] = None
@@ -268,15 +281,21 @@ def _queue_fields(ctx: _Ctx, m: _Map, p: str, clusters: set[str] | None) -> dict
                 names = []
                 for i, n in enumerate(s):
                     if not isinstance(n, str) or not n:
-                        raise ctx.fail(s.lines[i], f"{p}.clusters[{i}]", f"{n!r} is not a cluster name")
+                        raise ctx.fail(
+                            s.lines[i], f"{p}.clusters[{i}]", f"{n!r} is not a cluster name"
+                        )
                     if clusters is not None and n not in clusters:
-                        raise ctx.fail(s.lines[i], f"{p}.clusters[{i}]", f"{n!r} is not a cluster of the fleet")
+                        raise ctx.fail(
+                            s.lines[i], f"{p}.clusters[{i}]", f"{n!r} is not a cluster of the fleet"
+                        )
                     names.append(n)
                 out[k] = tuple(names)
     return out
 
 
-def _queues(ctx: _Ctx, v: Any, path: str, line: int | None, clusters: set[str] | None) -> list[QueueSpec]:
+def _queues(
+    ctx: _Ctx, v: Any, path: str, line: int | None, clusters: set[str] | None
+) -> list[QueueSpec]:
     out: list[QueueSpec] = []
     seen: set[str] = set()
     s = ctx.seq(v, path, line)
@@ -304,7 +323,11 @@ def _org(ctx: _Ctx, v: Any, path: str, line: int | None) -> OrgLimits:
     if v is None:
         return OrgLimits()
     m = ctx.mapping(v, path, line)
-    ctx.keys(m, path, {"max_concurrent_runs", "max_concurrent_actions", "max_actions_per_run", "submit_rate"})
+    ctx.keys(
+        m,
+        path,
+        {"max_concurrent_runs", "max_concurrent_actions", "max_actions_per_run", "submit_rate"},
+    )
     rate = None
     if m.get("submit_rate") is not None:
         rp = f"{path}.submit_rate"
@@ -326,7 +349,12 @@ def _environments(ctx: _Ctx, v: Any, path: str, line: int | None) -> list[Enviro
     for i, raw in enumerate(s):
         p = f"{path}[{i}]"
         m = ctx.mapping(raw, p, s.lines[i])
-        ctx.keys(m, p, {"name", "resources", "replicas", "concurrency", "idle_ttl"}, {"name", "resources"})
+        ctx.keys(
+            m,
+            p,
+            {"name", "resources", "replicas", "concurrency", "idle_ttl"},
+            {"name", "resources"},
+        )
         name = ctx.string(m, "name", p)
         if name in seen:
             raise ctx.fail(ctx.line_of(m, "name"), f"{p}.name", f"{name!r} is defined twice")
@@ -336,7 +364,9 @@ def _environments(ctx: _Ctx, v: Any, path: str, line: int | None) -> list[Enviro
                 name,
                 _pod(ctx, m["resources"], f"{p}.resources", ctx.line_of(m, "resources")),
                 (ctx.count(m, "replicas", p, 1, nullable=False) or 1) if "replicas" in m else 1,
-                (ctx.count(m, "concurrency", p, 1, nullable=False) or 1) if "concurrency" in m else 1,
+                (ctx.count(m, "concurrency", p, 1, nullable=False) or 1)
+                if "concurrency" in m
+                else 1,
                 ctx.number(m, "idle_ttl", p) if "idle_ttl" in m else 0.0,
             )
         )
@@ -375,7 +405,9 @@ def _demand(ctx: _Ctx, m: _Map, p: str) -> tuple[DemandKind, tuple[Pod, ...]]:
                 g = ctx.mapping(graw, gp, gs.lines[i])
                 ctx.keys(g, gp, {"replicas", "resources", "name"}, {"replicas", "resources"})
                 n = ctx.count(g, "replicas", gp, 0, nullable=False) or 0
-                groups.append((n, _pod(ctx, g["resources"], f"{gp}.resources", ctx.line_of(g, "resources"))))
+                groups.append(
+                    (n, _pod(ctx, g["resources"], f"{gp}.resources", ctx.line_of(g, "resources")))
+                )
         return DemandKind.ray, ray_demand(head, groups)
     sp = f"{p}.spark"
     s = ctx.mapping(m["spark"], sp, line)
@@ -388,7 +420,9 @@ def _demand(ctx: _Ctx, m: _Map, p: str) -> tuple[DemandKind, tuple[Pod, ...]]:
     )
 
 
-def demand_from_request(d: Mapping[str, Any], field: str = "demand") -> tuple[DemandKind, tuple[Pod, ...]]:
+def demand_from_request(
+    d: Mapping[str, Any], field: str = "demand"
+) -> tuple[DemandKind, tuple[Pod, ...]]:
     """Compute an action's demand, once, from its declared infrastructure.
 
     ``d`` is a ``protocol.DemandRequest`` as a dict: ``resources`` (+ ``replicas``),
@@ -430,7 +464,9 @@ def _workload(ctx: _Ctx, v: Any, path: str, line: int | None, queues: set[str]) 
         seen.add(aid)
         q = ctx.string(m, "queue", p)
         if q not in queues:
-            raise ctx.fail(ctx.line_of(m, "queue"), f"{p}.queue", f"{q!r} is not a queue of the scenario")
+            raise ctx.fail(
+                ctx.line_of(m, "queue"), f"{p}.queue", f"{q!r} is not a queue of the scenario"
+            )
         kind, pods = _demand(ctx, m, p)
         est = None
         if m.get("estimate") is not None:
@@ -454,7 +490,9 @@ def _workload(ctx: _Ctx, v: Any, path: str, line: int | None, queues: set[str]) 
     return out
 
 
-def _events(ctx: _Ctx, v: Any, path: str, line: int | None, queues: set[str], clusters: set[str]) -> list[tuple[float, str, Any]]:
+def _events(
+    ctx: _Ctx, v: Any, path: str, line: int | None, queues: set[str], clusters: set[str]
+) -> list[tuple[float, str, Any]]:
     out: list[tuple[float, str, Any]] = []
     s = ctx.seq(v, path, line)
     for i, raw in enumerate(s):
@@ -464,7 +502,9 @@ def _events(ctx: _Ctx, v: Any, path: str, line: int | None, queues: set[str], cl
         at = ctx.number(m, "at", p)
         kinds = [k for k in ("update_queue", "cluster_down", "cluster_up") if k in m]
         if len(kinds) != 1:
-            raise ctx.fail(m.line, p, "exactly one of update_queue, cluster_down, cluster_up is required")
+            raise ctx.fail(
+                m.line, p, "exactly one of update_queue, cluster_down, cluster_up is required"
+            )
         k = kinds[0]
         kl = ctx.line_of(m, k)
         if k == "update_queue":
@@ -472,7 +512,11 @@ def _events(ctx: _Ctx, v: Any, path: str, line: int | None, queues: set[str], cl
             ctx.keys(up, f"{p}.update_queue", _QUEUE_FIELDS, {"name"})
             name = ctx.string(up, "name", f"{p}.update_queue")
             if name not in queues:
-                raise ctx.fail(ctx.line_of(up, "name"), f"{p}.update_queue.name", f"{name!r} is not a queue of the scenario")
+                raise ctx.fail(
+                    ctx.line_of(up, "name"),
+                    f"{p}.update_queue.name",
+                    f"{name!r} is not a queue of the scenario",
+                )
             fields = _queue_fields(ctx, up, f"{p}.update_queue", clusters)
             fields.pop("name", None)
             out.append((at, k, (name, fields)))
@@ -489,7 +533,7 @@ _TOP = {"clusters", "queues", "org", "workload", "environments", "events"}
 
 def _load_yaml(text: str, source: str) -> _Map:
     try:
-        doc = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+        doc = yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None

@@ -228,7 +228,9 @@ def summary_text(res: SimResult) -> str:
         f" mean wait {_fmt(s['mean_wait'])} s, mean bounded slowdown"
         f" {_fmt(s['mean_bounded_slowdown'])}"
     )
-    lines.append(f"{'queue':<20} {'admitted':>8} {'rejected':>8} {'pending':>8} {'p50':>10} {'p95':>10} {'max':>10}")
+    lines.append(
+        f"{'queue':<20} {'admitted':>8} {'rejected':>8} {'pending':>8} {'p50':>10} {'p95':>10} {'max':>10}"
+    )
     for name, q in d["queues"].items():
         lines.append(
             f"{name:<20} {q['admitted']:>8} {q['rejected']:>8} {q['pending']:>8}"
