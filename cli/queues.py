@@ -260,11 +260,13 @@ def get_queues(ctx: click.Context, output: str) -> None:
     from rich.table import Table
 
     table = Table(title=f"queues of tenant {cfg.tenant!r}")
+    # Names are what people grep for: never cut them; narrow terminals fold the rest.
+    widest = max((len(e["name"]) for e in entries), default=4)
+    table.add_column("name", no_wrap=True, min_width=widest)
     for col in (
-        "name",
         "priority",
         "algorithm",
-        "run/action/per-run",
+        "concurrency run/action/per-run",
         "depth",
         "max_resources",
         "clusters",
@@ -272,7 +274,7 @@ def get_queues(ctx: click.Context, output: str) -> None:
         "waiting",
         "running",
     ):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for e in entries:
         conc = "/".join(
             _show(e[k]) for k in ("run_concurrency", "action_concurrency", "per_run_concurrency")
