@@ -162,10 +162,10 @@ class FakeKube(kmock.KubernetesEmulator):
             namespace = meta.get("namespace")
         response = await super()._handle(request)
         if kind is not None and res is not None and response.status < 300:
-            obj = self._find(res.plural, namespace, name)
+            obj = self._find(res.plural or "", namespace, name)
             if obj is not None:
                 raw = obj.last.raw if obj.deleted else obj.raw
-                self._record(res.plural, kind, raw)
+                self._record(res.plural or "", kind, raw)
         return response
 
     def _visible(self, request: rendering.Request, obj: dict[str, Any]) -> bool:
@@ -179,7 +179,7 @@ class FakeKube(kmock.KubernetesEmulator):
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         assert request.resource is not None
-        plural = request.resource.plural
+        plural = request.resource.plural or ""
         items = [self._stamped(plural, o) for o in self.live(plural) if self._visible(request, o)]
         return {
             "apiVersion": "v1",
@@ -190,7 +190,7 @@ class FakeKube(kmock.KubernetesEmulator):
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
         assert request.resource is not None
-        plural = request.resource.plural
+        plural = request.resource.plural or ""
         self.watches_served += 1
         yield b""
         since = int(request.params.get("resourceVersion") or self.rv)

@@ -403,11 +403,8 @@ def test_translate_pod_edge_cases():
         }
     }
     assert translate_pod(gc) == (K.NODE_LOST, None, "DeletionByPodGC")
-    assert (
-        translate_pod({"spec": {"nodeName": "x"}, "status": {"phase": "Running"}}, node_gone=True)[
-            0
-        ]
-        is K.NODE_LOST
-    )
+    running = {"spec": {"nodeName": "x"}, "status": {"phase": "Running"}}
+    assert translate_pod(running, node_gone=True) == (K.NODE_LOST, None, "node lost")
     # A finished pod stays finished even if its node is gone later.
-    assert translate_pod({"status": {"phase": "Succeeded"}}, node_gone=True)[0] is K.SUCCEEDED
+    done = {"status": {"phase": "Succeeded"}}
+    assert translate_pod(done, node_gone=True) == (K.SUCCEEDED, 0, "Completed")
