@@ -12,10 +12,10 @@ import shutil
 import socket
 import sys
 import sysconfig
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 import yaml
@@ -51,11 +51,6 @@ def settings(ctx: click.Context) -> Settings:
     return obj if obj is not None else Settings()
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on a fresh event loop, closed before returning."""
-    return asyncio.run(coro)
-
-
 async def connect(cfg: Settings) -> Client:
     """A Temporal client for ``cfg``, or a :class:`click.ClickException` saying why not."""
     from temporalio.client import Client
@@ -82,16 +77,14 @@ async def connect_retrying(cfg: Settings, timeout_s: float = 60.0) -> Client:
             await asyncio.sleep(0.5)
 
 
-def with_client(
-    cfg: Settings, body: Callable[[Client], Awaitable[T]], *, retry_s: float = 0.0
-) -> T:
+def with_client(cfg: Settings, body: Callable[[Client], Awaitable[T]]) -> T:
     """Connect, run ``body(client)`` and return its result, on a loop of its own."""
 
     async def go() -> T:
         from temporalio.client import WorkflowQueryFailedError, WorkflowUpdateFailedError
         from temporalio.service import RPCError
 
-        client = await (connect_retrying(cfg, retry_s) if retry_s else connect(cfg))
+        client = await connect(cfg)
         try:
             return await body(client)
         except WorkflowUpdateFailedError as exc:
@@ -103,7 +96,7 @@ def with_client(
         except RPCError as exc:
             raise click.ClickException(f"Temporal at {cfg.address}: {exc.message}") from exc
 
-    return run(go())
+    return asyncio.run(go())
 
 
 def temporal_binary() -> str:

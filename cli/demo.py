@@ -22,7 +22,7 @@ import click
 from headway.sdk.client import Action, Resources, Task
 from headway.sdk.client import Client as HeadwayClient
 
-from ._common import load_fleet, run, settings
+from ._common import load_fleet, settings
 from ._specs import queue_from_entry
 from ._stack import Stack, running_stack, wait_ready
 
@@ -129,11 +129,11 @@ def demo(
         console.print(f"[bold]Headway demo[/] (state in {directory})")
         console.print("Starting Temporal, the control plane and 3 simulated cluster workers...")
         with running_stack(directory, port=port, ui_port=ui_port, tenant=cfg.tenant) as stack:
-            run(wait_ready(stack, fleet, tenant=cfg.tenant, namespace=cfg.namespace))
+            asyncio.run(wait_ready(stack, fleet, tenant=cfg.tenant, namespace=cfg.namespace))
             console.print(
                 f"Up. Temporal Web UI: {stack.ui_url}/namespaces/{cfg.namespace}/workflows"
             )
-            ok = run(_scenario(stack, cfg.namespace, cfg.tenant, console, timeout_s))
+            ok = asyncio.run(_scenario(stack, cfg.namespace, cfg.tenant, console, timeout_s))
             if hold and ok:
                 console.print("Everything keeps running; Ctrl-C stops it.")
                 while True:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from types import FrameType
@@ -14,7 +15,6 @@ from ._common import (
     default_database_url,
     load_fleet,
     resolve_data_dir,
-    run,
     settings,
 )
 from ._stack import running_stack, wait_ready
@@ -81,7 +81,7 @@ def up(
             database_url=database_url or default_database_url(directory),
             tenant=cfg.tenant,
         ) as stack:
-            run(wait_ready(stack, fleet, tenant=cfg.tenant, namespace=cfg.namespace))
+            asyncio.run(wait_ready(stack, fleet, tenant=cfg.tenant, namespace=cfg.namespace))
             started = True
             click.echo(f"Headway is up. Temporal at {stack.address}", err=True)
             if stack.ui_url:

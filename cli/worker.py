@@ -17,7 +17,6 @@ from ._common import (
     connect_retrying,
     fleet_cluster,
     load_fleet,
-    run,
     settings,
 )
 
@@ -79,7 +78,7 @@ def control_plane(ctx: click.Context, fleet_path: str | None, database_url: str 
             client, database_url=database_url, fleet=list(fleet.clusters), stop=stop
         )
 
-    run(_serve(cfg, body))
+    asyncio.run(_serve(cfg, body))
 
 
 @worker.command("cluster")
@@ -145,4 +144,4 @@ def cluster(
         impl = make_backend(name, backend, entry, **opts)
         await run_cluster_worker(client, name, impl, tenants=[cfg.tenant], stop=stop)
 
-    run(_serve(cfg, body))
+    asyncio.run(_serve(cfg, body))
