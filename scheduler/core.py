@@ -1127,10 +1127,11 @@ class Scheduler:
             if fcpu < need.cpu or fmem < need.memory or feph < need.eph or fgpu < need.gpu:
                 continue
             if proj is None:
-                proj = c.clone()
-            while applied < i:
-                proj.give(releases[applied][2], releases[applied][3])
-                applied += 1
+                proj = c.projected([(r[2], r[3]) for r in releases[:i]])
+            else:
+                for r in releases[applied:i]:
+                    proj.give(r[2], r[3])
+            applied = i
             # The projection is scratch: with EASY, placing the head in it for real
             # leaves exactly the extra it does not need.
             if proj.place(runs, commit=easy) is not None:

@@ -123,6 +123,39 @@ class ClusterState:
         c.tcpu, c.tmem, c.teph, c.tgpu = self.tcpu, self.tmem, self.teph, self.tgpu
         return c
 
+    def projected(self, releases: Sequence[tuple[Runs, Sequence[int]]]) -> ClusterState:
+        """A scratch copy with ``releases`` given back, built in one sweep.
+
+        Cheaper than ``clone`` then ``give`` per release: free vectors are summed per
+        node and the groups are rebuilt once.
+        """
+        c = ClusterState.__new__(ClusterState)
+        c.spec = self.spec
+        c.name = self.name
+        c.index = self.index
+        c.known = self.known
+        c.healthy = self.healthy
+        c.version = self.version
+        c.node_names = self.node_names
+        c.cap = self.cap
+        c.gtype = self.gtype
+        fc, fm, fe, fg = self.fcpu[:], self.fmem[:], self.feph[:], self.fgpu[:]
+        n_nodes = len(fc)
+        for runs, nodes in releases:
+            k = 0
+            for pod, n in runs:
+                for j in range(k, k + n):
+                    i = nodes[j]
+                    if 0 <= i < n_nodes:
+                        fc[i] += pod.cpu
+                        fm[i] += pod.memory
+                        fe[i] += pod.eph
+                        fg[i] += pod.gpu
+                k += n
+        c.fcpu, c.fmem, c.feph, c.fgpu = fc, fm, fe, fg
+        c._regroup()
+        return c
+
     # --- mutation ------------------------------------------------------------------
 
     def _move(self, i: int, pod: Pod, m: int) -> None:
