@@ -229,3 +229,19 @@ def test_why_explains_an_action(stack: Stack):
     code, out = hw(stack, "why", "cli-1", "--json")
     assert code == 0, out
     assert json.loads(out)["action_id"] == "cli-1"
+
+
+def test_update_org_limits_fan_out(stack: Stack):
+    code, out = hw(stack, "update", "org", "--max-actions-per-run", "1")
+    assert code == 0, out
+    try:
+        args = ["submit", "--queue", "default", "--cpu", "1", "--duration", "0", "--run", "fan"]
+        code, out = hw(stack, *args, "--id", "fan-1", "--wait", "--json")
+        assert code == 0, out
+        code, out = hw(stack, *args, "--id", "fan-2", "--wait", "--json")
+        assert code != 0 and "an action did not succeed" in out
+        result = json.loads(next(ln for ln in out.splitlines() if '"result"' in ln))["result"]
+        assert (result["state"], result["reason"]) == ("rejected", "FanOutExceeded")
+    finally:
+        code, out = hw(stack, "update", "org", "--max-actions-per-run", "unlimited")
+        assert code == 0, out
