@@ -765,29 +765,31 @@ class Scheduler:
         # Where reservations apply, an action's estimate matters too. It is a function
         # of the declared estimate, or else of the task's history (fixed within a pass).
         resv = self._resv
-        keep: list[_Action] = []
         started = 0
         q.blocked_head = None
+        ver = v.ver
+        get = memo.get
         for a in q.waiting:
-            ck = a.ck_est if resv else a.ck
-            key: Any = (ck, a.run) if run_gates else ck
-            m = memo.get(key)
-            if m is not None and m[0] == v.ver:
+            key: Any = a.ck_est if resv else a.ck
+            if run_gates:
+                key = (key, a.run)
+            m = get(key)
+            if m is not None and m[0] == ver:
                 if m[1] != a.last:
                     a.note(m[1])
-                keep.append(a)
                 continue
-            v0 = v.ver
             r = self._consider(q, a, v, now, out)
             if r is None:
                 started += 1
+                ver = v.ver
                 continue
             a.note(r)
-            keep.append(a)
-            if v.ver == v0:
-                memo[key] = (v0, r)
+            if v.ver == ver:
+                memo[key] = (ver, r)
+            else:
+                ver = v.ver
         if started:
-            q.waiting = keep
+            q.waiting = [a for a in q.waiting if a.state == "waiting"]
         return started
 
     def _block(self, q: _Queue, a: _Action, v: _Visit) -> None:
