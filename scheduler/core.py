@@ -169,7 +169,7 @@ class _Queue:
         self.epoch = 0
         self.last_sig: tuple[Any, ...] | None = None
         self.last_started = 0
-        self.last_holds: tuple[str, ...] = ()
+        self.last_holds: tuple[tuple[str, str], ...] = ()
         self.last_resv: tuple[tuple[str, _Reservation], ...] = ()
         self.last_cap_epoch = -1
         self.cap_sig: tuple[Any, ...] = ()
@@ -288,7 +288,7 @@ class Scheduler:
         for q in queues:
             self.upsert_queue(q)
         # per-pass scratch
-        self._holds: set[str] = set()
+        self._holds: dict[str, str] = {}  # cluster -> the head holding it
         self._resv: dict[str, list[_Reservation]] = {}
         self._infeasible: set[tuple[int, int]] = set()
         self._feasible: dict[tuple[int, int], int] = {}
@@ -626,7 +626,7 @@ class Scheduler:
         # Equal priority: the queue whose next action was submitted first, then by
         # name. File order breaks ties within a queue only.
         order.sort(key=lambda q: (-q.spec.priority, q.waiting[0].submit, q.spec.name))
-        self._holds = set()
+        self._holds = {}
         self._resv = {}
         self._infeasible = set()
         self._feasible = {}
@@ -646,8 +646,8 @@ class Scheduler:
                 # Nothing this queue's outcome depends on has changed since its last
                 # visit: same decisions, same reasons. Only its holds and reservations,
                 # which bind the queues after it, need making again.
-                for cname in q.last_holds:
-                    self._hold(cname)
+                for cname, head in q.last_holds:
+                    self._hold(cname, head)
                 for cname, r in q.last_resv:
                     self._reserve_on(cname, r)
                 self.skipped_visits += 1
@@ -660,7 +660,7 @@ class Scheduler:
             started += n
             q.last_started = n
             mine = self._effects[n_effects:]
-            q.last_holds = tuple(e[1] for e in mine if e[0] == "h")
+            q.last_holds = tuple((e[1], e[2]) for e in mine if e[0] == "h")
             q.last_resv = tuple((e[1], e[5]) for e in mine if e[0] == "r")
             # The state as the visit found it: holds and reservations made by the visit
             # itself are its output, not its input. (A visit that admitted anything is
@@ -676,10 +676,10 @@ class Scheduler:
                 self._diverged = i
         self._effects.append(e)
 
-    def _hold(self, cname: str) -> None:
+    def _hold(self, cname: str, head: str) -> None:
         if cname not in self._holds:
-            self._holds.add(cname)
-            self._effect(("h", cname, None, None, None))
+            self._holds[cname] = head
+            self._effect(("h", cname, head, None, None))
 
     def _reserve_on(self, cname: str, r: _Reservation) -> None:
         self._resv.setdefault(cname, []).append(r)
@@ -912,7 +912,7 @@ class Scheduler:
             self._block(q, a, v)
             for c in v.elig:
                 if c.known and self._could(c, runs, dkey):
-                    self._hold(c.name)
+                    self._hold(c.name, a.id)
         elif v.reserving and not v.reserved:
             v.reserved = True
             v.ver += 1
@@ -1039,7 +1039,7 @@ class Scheduler:
             if fit is None:
                 # A running action with no estimate: the reservation cannot be computed,
                 # so the head holds this cluster as under strict.
-                self._hold(c.name)
+                self._hold(c.name, head.id)
                 continue
             t, extra = fit
             if best is None or t < best[0]:
