@@ -130,8 +130,8 @@ def explain(s: Scheduler, action_id: str, now: float) -> Explanation:
         d.update(need=_fmt_usage(a.usage), clusters=per)
         times = [(v["fits_at"], k) for k, v in per.items() if v.get("fits_at") is not None]
         if times:
-            t, c = min(times)
-            u.append(f"fits on {c} at t={t:.0f} when running work ends by its estimates")
+            t, cname = min(times)
+            u.append(f"fits on {cname} at t={t:.0f} when running work ends by its estimates")
         else:
             u.append(
                 "running work without runtime estimates must end first; declare"
@@ -148,8 +148,8 @@ def explain(s: Scheduler, action_id: str, now: float) -> Explanation:
                 f"strict queue: waits for its head {q.blocked_head} to start, or switch"
                 f" {spec.name} to backfill"
             )
-        for c, head in held.items():
-            u.append(f"{c} is held for {head} until it starts")
+        for cname, head in held.items():
+            u.append(f"{cname} is held for {head} until it starts")
     elif r == Reason.BackfillWindow:
         est = s.estimate(a.task, a.spec.estimate)
         resv = {
