@@ -158,10 +158,10 @@ def explain(s: Scheduler, action_id: str, now: float) -> Explanation:
             if c.name in s._resv
         }
         d.update(estimate=est, reservations=resv)
-        for c, rs in resv.items():
+        for cname, rs in resv.items():
             for rv in rs:
                 u.append(
-                    f"{c} is reserved for {rv['for']} at t={rv['until']:.0f}: it runs in"
+                    f"{cname} is reserved for {rv['for']} at t={rv['until']:.0f}: it runs in"
                     f" the gap if its estimated end (now + {est}) is no later"
                 )
     elif r == Reason.EnvironmentBusy and a.env in s.envs:
