@@ -1017,10 +1017,7 @@ class Scheduler:
         """When a running action is expected to end; one past its estimate ends "now"."""
         if a.est_end is None:
             return None
-        if a.est_end > now:
-            return a.est_end
-        self._horizon = now  # depends on now itself: valid at this instant only
-        return now
+        return a.est_end if a.est_end > now else now
 
     def _reserve(
         self,
@@ -1137,6 +1134,10 @@ class Scheduler:
             # The projection is scratch: with EASY, placing the head in it for real
             # leaves exactly the extra it does not need.
             if proj.place(runs, commit=easy) is not None:
+                if t <= now:
+                    # It fits once overdue work is counted gone: the reservation is
+                    # "now", which moves with the clock.
+                    self._horizon = now
                 return t, proj if easy else None
         return None
 
