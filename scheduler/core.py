@@ -26,8 +26,11 @@ a ``Reason`` returned as data, never an exception.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush
+from operator import attrgetter
 from typing import Any, Protocol
 
 from .fit import ClusterState, Runs, runs_of, sort_pods
@@ -48,6 +51,10 @@ __all__ = ["Admitted", "NodeReport", "Scheduler"]
 
 _ZERO = Usage()
 _INF = float("inf")
+_POS = attrgetter("pos")
+
+INCREMENTAL = True
+"""Default of ``Scheduler(incremental=...)``: False makes every visit the plain loop."""
 
 
 class NodeReport(Protocol):
@@ -80,6 +87,7 @@ class _Action:
         "charged",
         "ck",
         "ck_est",
+        "cls",
         "cluster",
         "dkey",
         "env",
@@ -91,6 +99,7 @@ class _Action:
         "last",
         "nodes",
         "pods",
+        "pos",
         "queue",
         "reasons",
         "run",
@@ -131,6 +140,9 @@ class _Action:
         # Decision classes (see Scheduler._visit), interned to ints at submit.
         self.ck = 0
         self.ck_est = 0
+        # Its class in its queue's grouping, and its place in the queue (see _Class).
+        self.cls: _Class | None = None
+        self.pos = 0
 
     def note(self, reason: str) -> None:
         if reason != self.last:
@@ -143,6 +155,8 @@ class _Queue:
     __slots__ = (
         "blocked_head",
         "cap_sig",
+        "cls",
+        "cls_mode",
         "epoch",
         "horizon",
         "last_cap_epoch",
@@ -151,8 +165,10 @@ class _Queue:
         "last_sig",
         "last_started",
         "last_up_len",
+        "next_pos",
         "run_counts",
         "running",
+        "runs_ok",
         "spec",
         "usage",
         "waiting",
@@ -176,6 +192,104 @@ class _Queue:
         # Until when (on the caller's clock) the last visit's answers hold unchanged.
         self.horizon = float("inf")
         self.last_up_len = -1
+        # The waiting actions grouped by decision class (built lazily by a visit; None:
+        # not built, or out of date). ``cls_mode`` is the grouping's (estimate, run).
+        self.cls: dict[Any, _Class] = {}
+        self.cls_mode: tuple[bool, bool] | None = None
+        self.next_pos = 0
+        # False once a visit recorded reasons without keeping the classes' runs.
+        self.runs_ok = True
+
+
+class _Class:
+    """The waiting actions of one queue that share a decision class.
+
+    While a visit's state is unchanged, every member of a class gets the answer the
+    first of them got (see ``Scheduler._walk``). Members are kept in queue order, and
+    their recorded reasons run-length encoded (every member from ``starts[k]`` up to
+    the next start has ``last == reasons[k]``), so that giving a stretch of members the
+    reason most of them already have costs nothing per member.
+    """
+
+    __slots__ = ("ck", "ck_est", "m", "pk", "reasons", "run", "starts")
+
+    def __init__(self, pk: Any, a: _Action) -> None:
+        self.pk = pk
+        self.ck = a.ck
+        self.ck_est = a.ck_est
+        self.run = a.run
+        self.m: list[_Action] = []
+        self.starts: list[int] = []
+        self.reasons: list[str | None] = []
+
+    def append(self, a: _Action) -> None:
+        self.m.append(a)
+        if not self.reasons or self.reasons[-1] != a.last:
+            self.starts.append(len(self.m) - 1)
+            self.reasons.append(a.last)
+
+    def recount(self) -> None:
+        """Rebuild the runs from the members (after reasons were set around them)."""
+        m = self.m
+        self.m, self.starts, self.reasons = [], [], []
+        for a in m:
+            self.append(a)
+
+    def settle(self, i: int, j: int, r: str) -> None:
+        """Give members ``i`` to ``j - 1`` the reason ``r``, touching only those whose
+        last reason differs (for the others ``note`` would do nothing)."""
+        st, rs = self.starts, self.reasons
+        n = len(self.m)
+        nk = len(st)
+        k = bisect_right(st, i) - 1
+        if rs[k] == r and j <= (st[k + 1] if k + 1 < nk else n):
+            return
+        m = self.m
+        kk = k
+        while kk < nk and st[kk] < j:
+            if rs[kk] != r:
+                for a in m[max(st[kk], i) : min(st[kk + 1] if kk + 1 < nk else n, j)]:
+                    a.note(r)
+            kk += 1
+        # Runs k..kk-1 overlap [i, j): keep what lies outside it, make [i, j) one run.
+        tail = st[kk] if kk < nk else n
+        new_st = st[:k]
+        new_rs = rs[:k]
+        if st[k] < i:
+            new_st.append(st[k])
+            new_rs.append(rs[k])
+        new_st.append(i)
+        new_rs.append(r)
+        if j < tail:
+            new_st.append(j)
+            new_rs.append(rs[kk - 1])
+        new_st += st[kk:]
+        new_rs += rs[kk:]
+        self.starts, self.reasons = _merge_runs(new_st, new_rs)
+
+    def remove(self, i: int) -> None:
+        """Drop member ``i`` (admitted or cancelled)."""
+        del self.m[i]
+        st, rs = self.starts, self.reasons
+        k = bisect_right(st, i) - 1
+        for x in range(k + 1, len(st)):
+            st[x] -= 1
+        if (st[k + 1] if k + 1 < len(st) else len(self.m)) == st[k]:
+            del st[k]
+            del rs[k]
+            self.starts, self.reasons = _merge_runs(st, rs)
+
+
+def _merge_runs(st: list[int], rs: list[str | None]) -> tuple[list[int], list[str | None]]:
+    if not st:
+        return st, rs
+    out_s = [st[0]]
+    out_r = [rs[0]]
+    for x, r in zip(st[1:], rs[1:], strict=True):
+        if r != out_r[-1]:
+            out_s.append(x)
+            out_r.append(r)
+    return out_s, out_r
 
 
 class _EnvInstance:
@@ -248,6 +362,10 @@ class Scheduler:
         queues: initial queues.
         org: the tenant's envelope.
         environments: declared reusable environments.
+        incremental: False turns every shortcut off (no skipped visits, no decision
+            classes: each waiting action decided on its own, oldest first). Decisions
+            and reasons are the same either way; the plain form is the reference the
+            differential tests compare against. None: the module's ``INCREMENTAL``.
     """
 
     def __init__(
@@ -256,7 +374,9 @@ class Scheduler:
         queues: Sequence[QueueSpec] = (),
         org: OrgLimits | None = None,
         environments: Sequence[EnvironmentSpec] = (),
+        incremental: bool | None = None,
     ) -> None:
+        self.incremental = INCREMENTAL if incremental is None else incremental
         self.clusters: dict[str, ClusterState] = {}
         self.queues: dict[str, _Queue] = {}
         self.org = org or OrgLimits()
@@ -503,10 +623,15 @@ class Scheduler:
         w = q.waiting
         if not w or (w[-1].submit, w[-1].seq) <= (a.submit, a.seq):
             w.append(a)
+            if q.cls_mode is not None:
+                a.pos = q.next_pos
+                q.next_pos += 1
+                self._enlist(q, a, q.cls_mode)
         else:
             from bisect import insort
 
             insort(w, a, key=lambda x: (x.submit, x.seq))
+            q.cls_mode = None  # positions are renumbered when the classes are rebuilt
         q.epoch += 1
         return None
 
@@ -518,6 +643,8 @@ class Scheduler:
         if a.state == "waiting":
             q = self.queues[a.queue]
             q.waiting.remove(a)
+            if q.cls_mode is not None:
+                self._unlist(q, a)
             q.epoch += 1
             del self.actions[action_id]
             self._settle_status(q)
@@ -642,7 +769,13 @@ class Scheduler:
             sig = self._signature(q, now)
             up = len(self._effects)
             same_upstream = q.last_up_len == up and (self._diverged is None or self._diverged >= up)
-            if same_upstream and sig == q.last_sig and not q.last_started and now <= q.horizon:
+            if (
+                same_upstream
+                and sig == q.last_sig
+                and not q.last_started
+                and now <= q.horizon
+                and self.incremental
+            ):
                 # Nothing this queue's outcome depends on has changed since its last
                 # visit: same decisions, same reasons. Only its holds and reservations,
                 # which bind the queues after it, need making again.
@@ -752,6 +885,18 @@ class Scheduler:
         """Phases 3-5 for one queue: gates, fit, admit or record why not."""
         v = _Visit(q, self._eligible(q))
         spec = q.spec
+        q.blocked_head = None
+        if not self.incremental:
+            started = 0
+            for a in q.waiting:
+                r = self._consider(q, a, v, now, out)
+                if r is None:
+                    started += 1
+                else:
+                    a.note(r)
+            if started:
+                q.waiting = [a for a in q.waiting if a.state == "waiting"]
+            return started
         org = self.org
         run_gates = (
             spec.run_concurrency is not None
@@ -761,14 +906,33 @@ class Scheduler:
         # Actions alike in everything the decision reads (demand, environment, run
         # where run caps apply, estimate where reservations apply) get the same answer
         # while the state is unchanged: decide once per class, not once per action.
+        # Reservations exist for this visit if an earlier queue made one, or once this
+        # queue makes its own (only a reserving queue does).
+        mode = (bool(self._resv) or v.reserving, run_gates)
+        if q.cls_mode != mode:
+            self._build_classes(q, mode)
+        if 2 * len(q.cls) > len(q.waiting):
+            # Classes of one or two: walking them costs more than the plain loop.
+            return self._memo_loop(q, v, now, out, run_gates)
+        if not q.runs_ok:
+            for c in q.cls.values():
+                c.recount()
+            q.runs_ok = True
+        return self._walk(q, v, now, out, run_gates)
+
+    def _memo_loop(
+        self, q: _Queue, v: _Visit, now: float, out: list[Admitted], run_gates: bool
+    ) -> int:
+        """Every waiting action in queue order, answering from a per-class memo."""
         memo: dict[Any, tuple[int, Reason]] = {}
         # Where reservations apply, an action's estimate matters too. It is a function
         # of the declared estimate, or else of the task's history (fixed within a pass).
         resv = self._resv
         started = 0
-        q.blocked_head = None
         ver = v.ver
         get = memo.get
+        # Reasons are recorded past the classes' runs: recount them before a walk.
+        q.runs_ok = False
         for a in q.waiting:
             key: Any = a.ck_est if resv else a.ck
             if run_gates:
@@ -789,8 +953,109 @@ class Scheduler:
             else:
                 ver = v.ver
         if started:
+            for a in q.waiting:
+                if a.state != "waiting":
+                    self._unlist(q, a)
             q.waiting = [a for a in q.waiting if a.state == "waiting"]
         return started
+
+    def _walk(self, q: _Queue, v: _Visit, now: float, out: list[Admitted], run_gates: bool) -> int:
+        """The memo loop's decisions, made per class instead of per action.
+
+        The loop gives an action the memo's answer for its class if no state change
+        (``v.ver``) happened since that answer was computed. So between two state
+        changes, all members of a class after the first get the first one's answer.
+        The walk merges the classes' heads in queue order (a heap by position) and
+        only evaluates an action where the loop would have: a class whose answer is
+        known opens a stretch of members that all get it, and the next state change
+        (at the position of the action that caused it) closes every open stretch;
+        each class's first member after that position is then due again. Closing a
+        stretch touches only members whose last reason differs (``_Class.settle``).
+        """
+        memo: dict[Any, tuple[int, Reason]] = {}
+        # Read each time: this queue's own reservation (a state change) may add one.
+        resv = self._resv
+        started = 0
+        ver = v.ver
+        heap = [(c.m[0].pos, 0, c) for c in q.cls.values()]
+        heapify(heap)
+        # Stretches of classes whose answer is known: (class, first member, answer).
+        opened: list[tuple[_Class, int, Reason]] = []
+        admitted: list[_Action] = []
+        while heap:
+            pos, i, c = heappop(heap)
+            key: Any = c.ck_est if resv else c.ck
+            if run_gates:
+                key = (key, c.run)
+            m = memo.get(key)
+            if m is not None and m[0] == ver:
+                opened.append((c, i, m[1]))
+                continue
+            a = c.m[i]
+            r = self._consider(q, a, v, now, out)
+            if r is None:
+                started += 1
+                admitted.append(a)
+            else:
+                c.settle(i, i + 1, r)
+                if v.ver == ver:
+                    memo[key] = (ver, r)
+                    if i + 1 < len(c.m):
+                        opened.append((c, i + 1, r))
+                    continue
+            # A state change at ``pos``: what was known holds up to here only.
+            ver = v.ver
+            for oc, j0, rr in opened:
+                j = bisect_right(oc.m, pos, lo=j0, key=_POS)
+                if j > j0:
+                    oc.settle(j0, j, rr)
+                if j < len(oc.m):
+                    heappush(heap, (oc.m[j].pos, j, oc))
+            opened = []
+            if i + 1 < len(c.m):
+                heappush(heap, (c.m[i + 1].pos, i + 1, c))
+        for oc, j0, rr in opened:
+            oc.settle(j0, len(oc.m), rr)
+        if started:
+            for a in admitted:
+                self._unlist(q, a)
+            w = q.waiting
+            if started <= 16:
+                for a in admitted:
+                    del w[bisect_left(w, a.pos, key=_POS)]
+            else:
+                q.waiting = [a for a in w if a.state == "waiting"]
+        return started
+
+    # --- decision classes ------------------------------------------------------------
+
+    def _build_classes(self, q: _Queue, mode: tuple[bool, bool]) -> None:
+        """Group a queue's waiting actions by decision class (``mode``: whether the
+        estimate, and the run, are part of the class) and number their positions."""
+        q.cls = {}
+        q.cls_mode = mode
+        q.runs_ok = True
+        for i, a in enumerate(q.waiting):
+            a.pos = i
+            self._enlist(q, a, mode)
+        q.next_pos = len(q.waiting)
+
+    def _enlist(self, q: _Queue, a: _Action, mode: tuple[bool, bool]) -> None:
+        base = a.ck_est if mode[0] else a.ck
+        pk = (base, a.run) if mode[1] else base
+        c = q.cls.get(pk)
+        if c is None:
+            c = q.cls[pk] = _Class(pk, a)
+        c.append(a)
+        a.cls = c
+
+    def _unlist(self, q: _Queue, a: _Action) -> None:
+        c = a.cls
+        assert c is not None
+        c.remove(bisect_left(c.m, a.pos, key=_POS))
+        if not c.m:
+            del q.cls[c.pk]
+        a.cls = None
 
     def _block(self, q: _Queue, a: _Action, v: _Visit) -> None:
         """A strict queue's head could not start: nothing later in the queue starts."""
