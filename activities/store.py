@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from headway import protocol
 from headway.scheduler.model import ClusterSpec
 from headway.store import DONE_CHANNEL, LeaseStore, queue_channel
 from headway.workflows.shared import (
     FINISH_LEASE_ACTIVITY,
+    FLEET_ACTIVITY,
     NUDGE_SIGNAL,
     PUT_LEASE_ACTIVITY,
     SYNC_ACTIVITY,
@@ -94,6 +96,14 @@ class StoreActivities:
         if must:
             await self.nudge(inp.tenant, DONE_CHANNEL)
         return must
+
+    @activity.defn(name=FLEET_ACTIVITY)
+    async def fleet_specs(self) -> list[dict[str, Any]]:
+        """The fleet this worker was started with (``ClusterSpec.to_dict()`` each).
+
+        A scheduler started without a fleet (e.g. by a config call) asks for it here.
+        """
+        return [c.to_dict() for c in self.fleet]
 
     @activity.defn(name=SYNC_LEASES)
     async def sync(self, inp: SyncInput) -> SyncOutput:

@@ -48,6 +48,7 @@ def build_control_plane_worker(
             store_acts.put_lease,
             store_acts.finish_lease,
             store_acts.sync,
+            store_acts.fleet_specs,
             dispatch.dispatch,
         ],
         max_concurrent_activities=200,

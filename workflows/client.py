@@ -7,6 +7,7 @@ start it if absent (``ensure_scheduler``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from temporalio.client import (
 )
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.service import RPCError, RPCStatusCode
 
 __all__ = [
     "action_state",
@@ -70,6 +72,27 @@ async def ensure_scheduler(
     )
 
 
+async def _update(
+    client: Client, tenant: str, name: str, arg: Any, fleet: Sequence[ClusterSpec] = ()
+) -> dict[str, Any]:
+    """Execute a scheduler update, retrying when it raced a continue-as-new.
+
+    An update that reaches a run in the very task that continues it as new is aborted
+    by the server ("aborted by closing workflow"); the same update against the workflow
+    id then lands on the new run.
+    """
+    for attempt in range(10):
+        h = await ensure_scheduler(client, tenant, fleet)
+        try:
+            out: dict[str, Any] = await h.execute_update(name, arg)
+            return out
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND or attempt == 9:
+                raise
+        await asyncio.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 async def upsert_queue(
     client: Client, tenant: str, spec: dict[str, Any], fleet: Sequence[ClusterSpec] = ()
 ) -> dict[str, Any]:
@@ -78,27 +101,21 @@ async def upsert_queue(
     Raises:
         temporalio.client.WorkflowUpdateFailedError: invalid spec (message names the field).
     """
-    h = await ensure_scheduler(client, tenant, fleet)
-    out: dict[str, Any] = await h.execute_update(protocol.UPSERT_QUEUE_UPDATE, spec)
-    return out
+    return await _update(client, tenant, protocol.UPSERT_QUEUE_UPDATE, spec, fleet)
 
 
 async def update_queue(
     client: Client, tenant: str, name: str, changes: dict[str, Any]
 ) -> dict[str, Any]:
     """Change knobs of a queue live (scenario-file notation; None unsets). Returns the spec."""
-    h = await ensure_scheduler(client, tenant)
-    out: dict[str, Any] = await h.execute_update(
-        protocol.UPDATE_QUEUE_UPDATE, {"name": name, "changes": changes}
+    return await _update(
+        client, tenant, protocol.UPDATE_QUEUE_UPDATE, {"name": name, "changes": changes}
     )
-    return out
 
 
 async def set_org(client: Client, tenant: str, org: dict[str, Any]) -> dict[str, Any]:
     """Replace the tenant's org limits (``OrgLimits.to_dict()`` notation)."""
-    h = await ensure_scheduler(client, tenant)
-    out: dict[str, Any] = await h.execute_update(protocol.SET_ORG_UPDATE, org)
-    return out
+    return await _update(client, tenant, protocol.SET_ORG_UPDATE, org)
 
 
 async def get_queues(client: Client, tenant: str) -> dict[str, dict[str, Any]]:

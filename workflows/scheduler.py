@@ -33,6 +33,7 @@ events; it never polls. Temporal's limits shape everything here:
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -52,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from headway.workflows.shared import (
         DISPATCH_ACTIVITY,
         DONE_CHANNEL,
+        FLEET_ACTIVITY,
         NUDGE_SIGNAL,
         SYNC_ACTIVITY,
         AdmitItem,
@@ -253,6 +255,11 @@ class SchedulerWorkflow:
             "capacity": self._loop.capacity,
         }
 
+    @workflow.query(name="carried_bytes")
+    def carried_bytes(self) -> int:
+        """Size in bytes of what continue-as-new would carry right now (JSON)."""
+        return len(json.dumps(self.carried_state(), separators=(",", ":")))
+
     @workflow.query(name="stats")
     def stats(self) -> dict[str, Any]:
         """Loop counters of this run (for benchmarks and debugging)."""
@@ -270,6 +277,19 @@ class SchedulerWorkflow:
     @workflow.run
     async def run(self, inp: SchedulerInput) -> None:
         """Wait for change, sync, pass, dispatch; continue as new when suggested."""
+        if not self._fleet and not inp.carried and workflow.patched("fleet-from-worker"):
+            # Started without a fleet (by a config call): learn it from the worker.
+            specs: list[dict[str, Any]] = await workflow.execute_local_activity(
+                FLEET_ACTIVITY,
+                start_to_close_timeout=timedelta(seconds=30),
+                result_type=list[dict[str, Any]],
+            )
+            self._fleet = specs
+            known = self._cluster_names()
+            for c in specs:
+                if c["name"] not in known:
+                    self._core.add_cluster(ClusterSpec.from_dict(c))
+            self._changed = True
         while True:
             await workflow.wait_condition(self._has_work)
             self._changed = False

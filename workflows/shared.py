@@ -16,6 +16,7 @@ __all__ = [
     "DISPATCH_ACTIVITY",
     "DONE_CHANNEL",
     "FINISH_LEASE_ACTIVITY",
+    "FLEET_ACTIVITY",
     "NUDGE_SIGNAL",
     "PUT_LEASE_ACTIVITY",
     "REJECT_SIGNAL",
@@ -37,6 +38,7 @@ PUT_LEASE_ACTIVITY = "headway.store.put_lease"
 FINISH_LEASE_ACTIVITY = "headway.store.finish_lease"
 SYNC_ACTIVITY = "headway.store.sync"
 DISPATCH_ACTIVITY = "headway.control.dispatch"
+FLEET_ACTIVITY = "headway.control.fleet"
 
 #: Store flag channel of action ends (queue channels are ``q:<queue>``).
 DONE_CHANNEL = "done"

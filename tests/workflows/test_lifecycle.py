@@ -172,3 +172,13 @@ async def _why_state(plane: Plane, tenant: str, action_id: str, state: str | Non
     except Exception:
         return False
     return bool(w["state"] == state)
+
+
+async def test_scheduler_started_by_config_call_learns_fleet_from_worker(
+    plane: Plane, tenant: str
+) -> None:
+    await hw.upsert_queue(plane.client, tenant, {"name": "default"})  # no fleet given
+    res = await hw.wait_result(await hw.submit(plane.client, req(tenant, "f1")))
+    assert (res.state, res.cluster) == ("succeeded", "c1")
+    fleet = await hw.get_fleet(plane.client, tenant)
+    assert fleet["clusters"] == ["c1"]

@@ -1,0 +1,152 @@
+"""End-to-end throughput: bare Temporal vs. Headway, side by side.
+
+Bare: N workflows, each running one no-op activity. Headway: N actions through the shard
+scheduler workflow to a simulated cluster with room (a fake ``RUN_ACTION_ACTIVITY`` that
+succeeds at once). Both run on one dev server this script starts; rounds alternate
+bare/headway after a warm-up round. Prints one JSON line last (see
+``/work/shared/specs/benchmarks.md``).
+
+    python bench/e2e_throughput.py [--n 300] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from headway import protocol
+from headway.protocol import DemandRequest, SubmitRequest
+from headway.store import LeaseStore
+from headway.worker.control_plane import build_control_plane_worker
+from headway.workflows import client as hw
+from temporalio import activity, workflow
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+BARE_QUEUE = "bench-bare"
+
+
+@activity.defn(name="bench.noop")
+async def noop() -> None:
+    return None
+
+
+@workflow.defn(name="BenchBareWorkflow", sandboxed=False)
+class BareWorkflow:
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.execute_activity("bench.noop", start_to_close_timeout=timedelta(seconds=30))
+
+
+async def gather_limited(coros: list, limit: int = 100) -> list:
+    sem = asyncio.Semaphore(limit)
+
+    async def one(c):  # type: ignore[no-untyped-def]
+        async with sem:
+            return await c
+
+    return await asyncio.gather(*(one(c) for c in coros))
+
+
+async def bare_round(client: Client, n: int, tag: str) -> float:
+    t0 = time.perf_counter()
+
+    async def one(i: int) -> None:
+        h = await client.start_workflow(
+            BareWorkflow.run, id=f"bare-{tag}-{i}", task_queue=BARE_QUEUE
+        )
+        await h.result()
+
+    await gather_limited([one(i) for i in range(n)])
+    return n / (time.perf_counter() - t0)
+
+
+async def headway_round(client: Client, n: int, tenant: str, tag: str, lat: list[float]) -> float:
+    demand = DemandRequest(resources={"cpu": "100m", "memory": "64Mi"})
+    t0 = time.perf_counter()
+
+    async def one(i: int) -> None:
+        h = await hw.submit(client, SubmitRequest(f"{tag}-{i}", "bench", demand, tenant))
+        res = await hw.wait_result(h)
+        assert res.state == "succeeded", res
+
+    await gather_limited([one(i) for i in range(n)])
+    rate = n / (time.perf_counter() - t0)
+    # Enqueue -> admission, from the actions' own records (workflow clock), sampled.
+    for i in range(0, n, max(1, n // 100)):
+        st = await hw.action_state(client, tenant, f"{tag}-{i}")
+        if st.admitted_at is not None:
+            lat.append((st.admitted_at - st.submitted_at) * 1000)
+    return rate
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    from _common import big_fleet, instant_delete, instant_run, pct, start_server, summary
+
+    env = await start_server()
+    client = env.client
+    tmp = tempfile.mkdtemp()
+    store = LeaseStore(f"sqlite:///{tmp}/bench.db")
+    fleet = big_fleet()
+    tenant = "bench"
+    try:
+        async with (
+            Worker(client, task_queue=BARE_QUEUE, workflows=[BareWorkflow], activities=[noop]),
+            build_control_plane_worker(client, store, fleet),
+            Worker(
+                client,
+                task_queue=protocol.cluster_task_queue(fleet[0].name),
+                activities=[instant_run, instant_delete],
+                max_concurrent_activities=500,
+            ),
+        ):
+            await hw.upsert_queue(client, tenant, {"name": "bench"}, fleet)
+            await bare_round(client, args.n // 2, "warm")
+            await headway_round(client, args.n // 2, tenant, "warm", [])
+            bare, head, ratio, lat = [], [], [], []
+            for r in range(args.rounds):
+                b = await bare_round(client, args.n, f"r{r}")
+                h = await headway_round(client, args.n, tenant, f"r{r}", lat)
+                bare.append(b)
+                head.append(h)
+                ratio.append(h / b)
+                print(f"round {r}: bare {b:.1f} wf/s, headway {h:.1f} actions/s, ratio {h / b:.2f}")
+            sched = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+            stats = await sched.query("stats")
+    finally:
+        store.close()
+        await env.shutdown()
+    print(
+        json.dumps(
+            {
+                "n": args.n,
+                "rounds": args.rounds,
+                "bare_wf_per_s": summary(bare),
+                "headway_actions_per_s": summary(head),
+                "ratio": summary(ratio),
+                "enqueue_to_admit_ms": {
+                    "p50": round(pct(lat, 50), 1),
+                    "p99": round(pct(lat, 99), 1),
+                },
+                "clusters": 1,
+                "scheduler": {k: stats[k] for k in ("passes", "syncs", "dispatches", "admitted")},
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

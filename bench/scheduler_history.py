@@ -1,0 +1,212 @@
+"""Scheduler workflow costs: history per action, carried state, a 1M backlog, isolation.
+
+* ``scheduler_events_per_action``: N actions through a simulated cluster with room;
+  history events of every run of the scheduler workflow divided by admissions.
+* ``continue_as_new_payload_bytes``: what continue-as-new would carry with 10k and 100k
+  pending leases in one queue (nothing admitted): bounded by the in-memory window.
+* ``pending_leases_1m``: 1M pending leases in the store (SQLite): the refill sync of a
+  window plus one core pass over it, and the carried state of a scheduler over it.
+* ``isolation``: completion latency of a 5-action run in tenant A, idle vs. while tenant B
+  ingests a 10k backlog (bulk-loaded leases flowing through B's scheduler), alternating
+  over rounds after a warm-up; median of per-round ratios.
+
+    python bench/scheduler_history.py [--n 500] [--rounds 3] [--million 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from headway import protocol
+from headway.protocol import DemandRequest, SubmitRequest
+from headway.scheduler import Scheduler
+from headway.scheduler.model import ActionSpec, QueueSpec
+from headway.store import LeaseStore
+from headway.worker.control_plane import build_control_plane_worker
+from headway.workflows import client as hw
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+DEMAND = DemandRequest(resources={"cpu": "100m", "memory": "64Mi"})
+SPEC_POD = [{"cpu": 100, "memory": 64 * 2**20}]
+
+
+def lease_rows(prefix: str, queue: str, n: int):  # type: ignore[no-untyped-def]
+    for i in range(n):
+        aid = f"{prefix}{i}"
+        yield (
+            aid,
+            queue,
+            f"headway-action-none-{aid}",
+            {"id": aid, "queue": queue, "pods": SPEC_POD, "kind": "single"},
+            float(i),
+        )
+
+
+async def run_actions(client: Client, tenant: str, tag: str, n: int) -> float:
+    t0 = time.perf_counter()
+
+    async def one(i: int) -> None:
+        h = await hw.submit(client, SubmitRequest(f"{tag}-{i}", "q", DEMAND, tenant))
+        r = await hw.wait_result(h)
+        assert r.state == "succeeded", r
+
+    sem = asyncio.Semaphore(100)
+
+    async def lim(i: int) -> None:
+        async with sem:
+            await one(i)
+
+    await asyncio.gather(*(lim(i) for i in range(n)))
+    return (time.perf_counter() - t0) * 1000
+
+
+async def history_events(client: Client, workflow_id: str) -> int:
+    total = 0
+    async for wf in client.list_workflows(f'WorkflowId = "{workflow_id}"'):
+        hist = await client.get_workflow_handle(workflow_id, run_id=wf.run_id).fetch_history()
+        total += len(hist.events)
+    return total
+
+
+async def carried_with_pending(client: Client, store: LeaseStore, pending: int) -> int:
+    tenant = f"pending{pending}"
+    await hw.upsert_queue(client, tenant, {"name": "q", "action_concurrency": 0})
+    store.put_many(tenant, lease_rows("p", "q", pending))
+    await hw.set_org(client, tenant, {})  # wakes the scheduler (bulk loads do not nudge)
+    h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    for _ in range(600):
+        q = (await hw.get_queues(client, tenant))["q"]
+        if q["waiting"] >= 250:
+            break
+        await asyncio.sleep(0.1)
+    return int(await h.query("carried_bytes"))
+
+
+def million_pass(url: str, n: int) -> dict[str, float]:
+    store = LeaseStore(url)
+    t0 = time.perf_counter()
+    store.put_many("million", lease_rows("m", "q", n))
+    load_s = time.perf_counter() - t0
+    from _common import big_fleet
+
+    core = Scheduler(clusters=big_fleet(), queues=[QueueSpec("q", action_concurrency=0)])
+    t0 = time.perf_counter()
+    res = store.sync("million", "bench:1", {"q": 500})
+    sync_ms = (time.perf_counter() - t0) * 1000
+    for seq, d in enumerate(res.leases):
+        core.submit(ActionSpec.from_dict({**d, "seq": seq}), 0.0)
+    passes = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        core.schedule(1.0)
+        passes.append((time.perf_counter() - t0) * 1000)
+    snap = len(json.dumps(core.to_snapshot(), separators=(",", ":")))
+    store.close()
+    return {
+        "load_s": round(load_s, 1),
+        "sync_ms": round(sync_ms, 1),
+        "core_pass_ms": round(statistics.median(passes), 3),
+        "pass_ms": round(sync_ms + statistics.median(passes), 1),
+        "snapshot_bytes": snap,
+    }
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=500)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--million", type=int, default=1_000_000)
+    ap.add_argument("--backlog", type=int, default=10_000)
+    args = ap.parse_args()
+    from _common import big_fleet, instant_delete, instant_run, start_server
+
+    tmp = tempfile.mkdtemp()
+    out: dict[str, object] = {}
+    m = million_pass(f"sqlite:///{tmp}/million.db", args.million)
+    print("1M:", m)
+    env = await start_server()
+    client = env.client
+    store = LeaseStore(f"sqlite:///{tmp}/bench.db")
+    fleet = big_fleet()
+    try:
+        async with (
+            build_control_plane_worker(client, store, fleet),
+            Worker(
+                client,
+                task_queue=protocol.cluster_task_queue(fleet[0].name),
+                activities=[instant_run, instant_delete],
+                max_concurrent_activities=500,
+            ),
+        ):
+            # History per action.
+            tenant = "hist"
+            await hw.upsert_queue(client, tenant, {"name": "q"}, fleet)
+            await run_actions(client, tenant, "h", args.n)
+            await asyncio.sleep(2.0)
+            events = await history_events(client, protocol.scheduler_workflow_id(tenant))
+            per_action = events / args.n
+            print(f"scheduler history: {events} events for {args.n} actions")
+            # Carried state with a pending backlog.
+            c10k = await carried_with_pending(client, store, 10_000)
+            c100k = await carried_with_pending(client, store, 100_000)
+            print(f"carried: 10k pending {c10k} B, 100k pending {c100k} B")
+            # Isolation: A's 5-action run, idle vs. while B ingests a backlog.
+            await hw.upsert_queue(client, "iso-a", {"name": "q"}, fleet)
+            await hw.upsert_queue(client, "iso-b", {"name": "q"}, fleet)
+            await run_actions(client, "iso-a", "warm", 5)
+            idle, busy, ratios = [], [], []
+            for r in range(args.rounds):
+                i_ms = await run_actions(client, "iso-a", f"idle{r}", 5)
+                store.put_many("iso-b", lease_rows(f"b{r}-", "q", args.backlog))
+                await hw.set_org(client, "iso-b", {})  # any update wakes B's scheduler
+                b_ms = await run_actions(client, "iso-a", f"busy{r}", 5)
+                idle.append(i_ms)
+                busy.append(b_ms)
+                ratios.append(b_ms / i_ms)
+                print(f"round {r}: idle {i_ms:.0f} ms, under backlog {b_ms:.0f} ms")
+                # Let B drain before the next idle measurement.
+                for _ in range(600):
+                    if store.pending_count("iso-b") == 0:
+                        break
+                    await asyncio.sleep(0.2)
+    finally:
+        store.close()
+        await env.shutdown()
+    out = {
+        "actions": args.n,
+        "scheduler_events_per_action": round(per_action, 3),
+        "continue_as_new_payload_bytes": {"pending_10k": c10k, "pending_100k": c100k},
+        "pending_leases_1m": {
+            "pass_ms": m["pass_ms"],
+            "carried_state_bytes": m["snapshot_bytes"],
+            "pending": args.million,
+            "sync_ms": m["sync_ms"],
+            "core_pass_ms": m["core_pass_ms"],
+            "bulk_load_s": m["load_s"],
+        },
+        "isolation": {
+            "idle_ms": round(statistics.median(idle), 1),
+            "under_backlog_ms": round(statistics.median(busy), 1),
+            "ratio": round(statistics.median(ratios), 3),
+            "ratio_min": round(min(ratios), 3),
+            "ratio_max": round(max(ratios), 3),
+            "backlog": args.backlog,
+            "run_actions": 5,
+        },
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
