@@ -17,7 +17,6 @@ import json
 import sys
 import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
@@ -28,23 +27,10 @@ from headway.protocol import DemandRequest, SubmitRequest
 from headway.store import LeaseStore
 from headway.worker.control_plane import build_control_plane_worker
 from headway.workflows import client as hw
-from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import Worker
 
 BARE_QUEUE = "bench-bare"
-
-
-@activity.defn(name="bench.noop")
-async def noop() -> None:
-    return None
-
-
-@workflow.defn(name="BenchBareWorkflow", sandboxed=False)
-class BareWorkflow:
-    @workflow.run
-    async def run(self) -> None:
-        await workflow.execute_activity("bench.noop", start_to_close_timeout=timedelta(seconds=30))
 
 
 async def gather_limited(coros: list, limit: int = 100) -> list:
@@ -58,6 +44,8 @@ async def gather_limited(coros: list, limit: int = 100) -> list:
 
 
 async def bare_round(client: Client, n: int, tag: str) -> float:
+    from _bare import BareWorkflow
+
     t0 = time.perf_counter()
 
     async def one(i: int) -> None:
@@ -94,6 +82,7 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    from _bare import BareWorkflow, noop
     from _common import big_fleet, instant_delete, instant_run, pct, start_server, summary
 
     env = await start_server()
