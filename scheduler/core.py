@@ -413,6 +413,8 @@ class Scheduler:
         self._infeasible: set[tuple[int, int]] = set()
         self._feasible: dict[tuple[int, int], int] = {}
         self._noroom: set[tuple[Any, int]] = set()
+        self._orders: dict[tuple[Any, int], list[ClusterState]] = {}
+        self._cands: dict[tuple[Any, int], list[ClusterState]] = {}
         self._fit_cache: dict[tuple[int, int, bool], tuple[Any, ...]] = {}
         self._horizon = _INF
         self._effects: list[tuple[Any, ...]] = []
@@ -758,6 +760,8 @@ class Scheduler:
         self._infeasible = set()
         self._feasible = {}
         self._noroom = set()
+        self._orders = {}
+        self._cands = {}
         # Holds and reservations bind the queues after the one that made them. A queue
         # may be skipped only if what came before it this pass is what came before it
         # last pass: track where this pass's effects first differ from the last's.
@@ -1106,19 +1110,34 @@ class Scheduler:
         # --- fit: clusters in placement order; the first with room that no hold or
         # reservation forbids takes the whole gang.
         pref = a.env if a.env and not a.env_declared and a.env in self.undeclared_env else None
-        if pref is not None:
-            order = self._placement_order(v.elig, pref)
-        else:
-            if v.order is None or v.order_ver != self._admissions:
-                v.order = self._placement_order(v.elig, None)
-                v.order_ver = self._admissions
-            order = v.order
         dkey = a.dkey if not a.env_declared else self._dkey(pods)
         infeasible = self._infeasible
         feasible = self._feasible
         nr_key = (q.spec.clusters, dkey)
         if nr_key in self._noroom:
             order = []
+        elif pref is not None:
+            order = self._placement_order(v.elig, pref)
+        elif self.incremental:
+            # The order depends on the selector and on what was admitted (the pass
+            # fixes health); clusters known unable to hold this demand are skipped
+            # below anyway: drop them once per pass, demand and admission, not per
+            # action (they are still checked: the set only grows).
+            ok = (nr_key, self._admissions)
+            cands = self._cands.get(ok)
+            if cands is None:
+                bk = (q.spec.clusters, self._admissions)
+                base = self._orders.get(bk)
+                if base is None:
+                    base = self._orders[bk] = self._placement_order(v.elig, None)
+                cands = [c for c in base if not c.known or (c.index, dkey) not in infeasible]
+                self._cands[ok] = cands
+            order = cands
+        else:
+            if v.order is None or v.order_ver != self._admissions:
+                v.order = self._placement_order(v.elig, None)
+                v.order_ver = self._admissions
+            order = v.order
         room = False
         first_block: Reason | None = None
         chosen: ClusterState | None = None
