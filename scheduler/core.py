@@ -52,6 +52,8 @@ __all__ = ["Admitted", "NodeReport", "Scheduler"]
 _ZERO = Usage()
 _INF = float("inf")
 _POS = attrgetter("pos")
+_LOG_MAX = 8192
+_NO_CHANGE: frozenset[str] = frozenset()
 
 INCREMENTAL = True
 """Default of ``Scheduler(incremental=...)``: False makes every visit the plain loop."""
@@ -154,23 +156,28 @@ class _Action:
 class _Queue:
     __slots__ = (
         "blocked_head",
-        "cap_sig",
+        "cap_pos",
         "cls",
         "cls_mode",
         "epoch",
+        "evals",
+        "fragile",
+        "hist_dep",
         "horizon",
-        "last_cap_epoch",
+        "last_hist",
         "last_holds",
         "last_resv",
         "last_sig",
         "last_started",
         "last_up_len",
         "next_pos",
+        "resv_rec",
         "run_counts",
         "running",
         "runs_ok",
         "spec",
         "usage",
+        "views",
         "waiting",
     )
 
@@ -185,10 +192,24 @@ class _Queue:
         self.epoch = 0
         self.last_sig: tuple[Any, ...] | None = None
         self.last_started = 0
+        # Every hold the visit asked for, even one an earlier queue already made: if
+        # that earlier hold goes, this queue's takes its place.
         self.last_holds: tuple[tuple[str, str], ...] = ()
         self.last_resv: tuple[tuple[str, _Reservation], ...] = ()
-        self.last_cap_epoch = -1
-        self.cap_sig: tuple[Any, ...] = ()
+        # Where in the scheduler's capacity log the last visit stood (see ``_changes``).
+        self.cap_pos = -1
+        # What the last visit's answers depend on, beyond its signature (see ``_still``):
+        # each fit it made (``_Eval``); for every cluster where a fit found room (and
+        # read the holds and reservations there), what those were before this queue;
+        # whether an answer read the task history (an estimate from it); whether it
+        # read anything else the shortcut cannot vouch for.
+        self.evals: list[_Eval] = []
+        self.views: dict[str, tuple[Any, ...]] = {}
+        self.hist_dep = True
+        self.fragile = True
+        self.last_hist = -1
+        # The head's reservation, if the visit made one: see ``_VisitResv``.
+        self.resv_rec: _ResvRecord | None = None
         # Until when (on the caller's clock) the last visit's answers hold unchanged.
         self.horizon = float("inf")
         self.last_up_len = -1
@@ -335,6 +356,50 @@ class _Reservation:
         self.head = head
 
 
+class _Eval:
+    """One fit a visit made (an action that passed its gates), and how it ended.
+
+    ``blocked``: the queue was already blocked (strict), so the walk stopped at the first
+    cluster with room. ``first``: the first cluster with room in placement order (when
+    blocked: just one with room), or None. ``reason``: the answer.
+    """
+
+    __slots__ = ("a", "blocked", "dkey", "first", "reason", "runs")
+
+    def __init__(
+        self, a: _Action, dkey: int, runs: Runs, blocked: bool, first: str | None, reason: Reason
+    ) -> None:
+        self.a = a
+        self.dkey = dkey
+        self.runs = runs
+        self.blocked = blocked
+        self.first = first
+        self.reason = reason
+
+
+class _ResvRecord:
+    """A reserving head's reservation as its visit computed it: enough to tell, once
+    capacity changed on a few clusters, whether ``_reserve`` would still make it."""
+
+    __slots__ = ("dkey", "easy", "held", "runs", "time", "where")
+
+    def __init__(
+        self,
+        runs: Runs,
+        dkey: int,
+        easy: bool,
+        where: str | None,
+        time: float,
+        held: frozenset[str],
+    ) -> None:
+        self.runs = runs
+        self.dkey = dkey
+        self.easy = easy
+        self.where = where  # the reserved cluster (None: no cluster ever fits)
+        self.time = time
+        self.held = held  # clusters held instead (their reservation cannot be computed)
+
+
 class _Visit:
     """Scratch state of one queue's visit within a pass."""
 
@@ -396,7 +461,19 @@ class Scheduler:
         self.skipped_visits = 0
         self._admissions = 0
         # Epochs: bumped whenever something a queue's visit depends on changes.
-        self._cap_epoch = 0
+        # Which clusters' capacity changed, in order: (name, hard). A hard change (health,
+        # a report, a new spec) may change more than free capacity. Queues keep their
+        # position in it (``_Queue.cap_pos``); ``_cap_base`` counts entries dropped.
+        self._cap_log: list[tuple[str, bool]] = []
+        self._cap_base = 0
+        self._selsets: dict[tuple[str, ...], frozenset[str]] = {}
+        # What the visit in progress depends on (copied to its queue when it ends).
+        self._vevals: list[_Eval] = []
+        self._vrooms: set[str] = set()
+        self._vhist = False
+        self._vfragile = False
+        self._vholds: list[tuple[str, str]] = []
+        self._vresv: _ResvRecord | None = None
         self._env_epoch = 0
         self._org_epoch = 0
         self._hist_epoch = 0
@@ -430,7 +507,7 @@ class Scheduler:
         if old is not None:
             c.healthy = old.healthy
         self.clusters[spec.name] = c
-        self._cap_epoch += 1
+        self._touch(spec.name, hard=True)
         self.on_cluster.setdefault(spec.name, {})
         self._could_hold = {k: v for k, v in self._could_hold.items() if k[0] != c.index}
         if old is not None:
@@ -447,7 +524,7 @@ class Scheduler:
     def set_cluster_health(self, name: str, healthy: bool) -> None:
         """A down cluster takes no new work; what runs there runs on to its end."""
         self._cluster(name).healthy = healthy
-        self._cap_epoch += 1
+        self._touch(name, hard=True)
 
     def report_capacity(
         self, name: str, nodes: Sequence[NodeReport] | None, reflected: Iterable[str] = ()
@@ -460,7 +537,8 @@ class Scheduler:
         capacity unknown, and unknown means open.
         """
         c = self._cluster(name)
-        self._cap_epoch += 1
+        # Node shapes may change too (what could ever hold a demand): a hard change.
+        self._touch(name, hard=True)
         if nodes is None:
             c.known = False
             return
@@ -527,6 +605,16 @@ class Scheduler:
     def set_org(self, org: OrgLimits) -> None:
         self.org = org
         self._org_epoch += 1
+
+    def _touch(self, name: str, hard: bool = False) -> None:
+        """Note that cluster ``name`` changed (free capacity; ``hard``: more than that)."""
+        log = self._cap_log
+        log.append((name, hard))
+        if len(log) > _LOG_MAX:
+            # Queues that stood before the dropped entries get a full visit.
+            drop = len(log) // 2
+            del log[:drop]
+            self._cap_base += drop
 
     def _cluster(self, name: str) -> ClusterState:
         c = self.clusters.get(name)
@@ -661,10 +749,11 @@ class Scheduler:
             return
         del self.actions[action_id]
         a.state = "done"
-        self._cap_epoch += 1
         self._org_epoch += 1
         q = self.queues.get(a.queue)
         c = self.clusters.get(a.cluster or "")
+        if c is not None:
+            self._touch(c.name)
         if a.inst is not None:
             inst = a.inst
             inst.active -= 1
@@ -712,7 +801,7 @@ class Scheduler:
                     q.usage.add(inst.usage, -1)
                 del self.envs[name]
                 gone.append(name)
-                self._cap_epoch += 1
+                self._touch(inst.cluster)
                 self._env_epoch += 1
         return gone
 
@@ -731,6 +820,7 @@ class Scheduler:
         """
         for q in self.queues.values():
             q.last_sig = None
+            q.cap_pos = -1
         self._fit_cache.clear()
 
     def _settle_status(self, q: _Queue) -> None:
@@ -770,15 +860,16 @@ class Scheduler:
         self._diverged = None
         started = 0
         for q in order:
-            sig = self._signature(q, now)
+            sig = self._signature(q)
             up = len(self._effects)
             same_upstream = q.last_up_len == up and (self._diverged is None or self._diverged >= up)
+            changed = self._changes(q)
             if (
-                same_upstream
-                and sig == q.last_sig
+                self.incremental
                 and not q.last_started
                 and now <= q.horizon
-                and self.incremental
+                and changed is not None
+                and self._still(q, sig, changed, same_upstream, now)
             ):
                 # Nothing this queue's outcome depends on has changed since its last
                 # visit: same decisions, same reasons. Only its holds and reservations,
@@ -787,23 +878,260 @@ class Scheduler:
                     self._hold(cname, head)
                 for cname, r in q.last_resv:
                     self._reserve_on(cname, r)
+                q.cap_pos = self._cap_base + len(self._cap_log)
                 self.skipped_visits += 1
                 continue
             n_effects = up
             q.last_up_len = up
+            # The state as the visit finds it: holds and reservations made by the visit
+            # itself are its output, not its input. (A visit that admitted anything is
+            # never skipped next time, so what it changed needs no record.)
+            q.last_sig = sig
+            q.last_hist = self._hist_epoch
+            q.cap_pos = self._cap_base + len(self._cap_log)
             self._horizon = _INF
+            self._vevals = []
+            self._vrooms = set()
+            self._vhist = self._vfragile = False
+            self._vholds = []
+            self._vresv = None
             n = self._visit(q, now, out)
             q.horizon = self._horizon
             started += n
             q.last_started = n
             mine = self._effects[n_effects:]
-            q.last_holds = tuple((e[1], e[2]) for e in mine if e[0] == "h")
+            q.last_holds = tuple(self._vholds)
             q.last_resv = tuple((e[1], e[5]) for e in mine if e[0] == "r")
-            # The state as the visit found it: holds and reservations made by the visit
-            # itself are its output, not its input. (A visit that admitted anything is
-            # never skipped next time, so what it changed needs no record.)
-            q.last_sig = sig
+            q.evals = self._vevals
+            q.views = self._views_before(mine) if self._vrooms else {}
+            q.hist_dep = self._vhist
+            q.fragile = self._vfragile
+            q.resv_rec = self._vresv
         return started
+
+    def _changes(self, q: _Queue) -> frozenset[str] | set[str] | None:
+        """Clusters of ``q``'s selector whose free capacity changed since its last visit.
+
+        None if something more than free capacity changed there (health, a capacity
+        report, a new spec), or if the log no longer reaches back that far.
+        """
+        pos = q.cap_pos - self._cap_base
+        log = self._cap_log
+        if pos < 0:
+            return None
+        if pos == len(log):
+            return _NO_CHANGE
+        sel = q.spec.clusters
+        names: frozenset[str] | None = None
+        if sel is not None:
+            names = self._selsets.get(sel)
+            if names is None:
+                names = self._selsets[sel] = frozenset(sel)
+        out: set[str] = set()
+        for i in range(pos, len(log)):
+            name, hard = log[i]
+            if names is None or name in names:
+                if hard:
+                    return None
+                out.add(name)
+        return out
+
+    def _still(
+        self,
+        q: _Queue,
+        sig: tuple[Any, ...],
+        changed: set[str] | frozenset[str],
+        same_upstream: bool,
+        now: float,
+    ) -> bool:
+        """Would a visit of ``q`` now answer exactly as its last did?
+
+        Its signature must match, and its answers must still hold where they read the
+        task history, upstream holds and reservations, or capacity on the clusters in
+        ``changed``:
+
+        - holds and reservations are read only at clusters with room (``q.views``), so
+          only those must look as they did (``same_upstream`` vouches for all at once);
+        - a fit's answer reads capacity only through which clusters have room for it,
+          taken in placement order: the first with room gives the reason (a queue that
+          is already blocked only asks whether there is one). Clusters outside
+          ``changed`` keep their room and their relative order, so only the changed
+          ones need a look (``_evals_still``);
+        - a strict head's holds follow node shapes (a hard change otherwise); a
+          reserving head's reservation is recomputed on the changed clusters.
+
+        On success the records are brought up to date, as if the visit had been made.
+        """
+        if sig != q.last_sig:
+            return False
+        if q.hist_dep and q.last_hist != self._hist_epoch:
+            return False
+        if not same_upstream:
+            for name, view in q.views.items():
+                if name not in changed and self._view(name) != view:
+                    return False
+        if not changed:
+            return True
+        if q.fragile:
+            return False
+        outer_h, outer_hist = self._horizon, self._vhist
+        self._horizon = q.horizon
+        self._vhist = False
+        ok = self._evals_still(q, changed, now)
+        rec = q.resv_rec
+        if ok and rec is not None:
+            ok = self._resv_still(rec, changed, now)
+        if ok:
+            q.horizon = self._horizon
+            q.hist_dep = q.hist_dep or self._vhist
+            q.last_hist = self._hist_epoch
+        self._horizon, self._vhist = outer_h, outer_hist
+        return ok
+
+    def _room(self, c: ClusterState, dkey: int, runs: Runs) -> bool:
+        """Has ``c`` room for the demand now (the pass's fit caches, shared)?"""
+        if not c.known:
+            return True
+        ik = (c.index, dkey)
+        if ik in self._infeasible:
+            return False
+        if self._feasible.get(ik) == c.version:
+            return True
+        if c.place(runs, commit=False) is None:
+            # Capacity only shrinks within a pass: no need to ask again.
+            self._infeasible.add(ik)
+            return False
+        self._feasible[ik] = c.version
+        return True
+
+    def _evals_still(self, q: _Queue, changed: set[str] | frozenset[str], now: float) -> bool:
+        """Would each of ``q``'s recorded fits end as it did, capacity having changed on
+        ``changed``? (See ``_still``.) Updates the records if so."""
+        ds = [c for c in (self.clusters.get(n) for n in changed) if c is not None and c.healthy]
+        if not ds:
+            return True
+        rooms: dict[int, list[ClusterState]] = {}
+        own_held = q.resv_rec.held if q.resv_rec is not None else frozenset()
+        new_first: list[str | None] = []
+        read: set[str] = set()
+        holds = self._holds
+        resv = self._resv
+        for e in q.evals:
+            dr = rooms.get(e.dkey)
+            if dr is None:
+                dr = rooms[e.dkey] = [c for c in ds if self._room(c, e.dkey, e.runs)]
+            first = e.first
+            if e.blocked:
+                # Only "is there room anywhere" counts, and any cluster with room will do.
+                if first is not None and first not in changed:
+                    new_first.append(first)
+                elif dr:
+                    if first is None:
+                        return False  # NoClusterCapacity would become HeldForGang
+                    new_first.append(dr[0].name)
+                elif first is None:
+                    new_first.append(None)
+                else:
+                    return False  # its witness lost room: others unknown
+                continue
+            if first is not None and first in changed:
+                return False
+            if not dr:
+                new_first.append(first)
+                continue
+            if first is None:
+                return False  # room appeared where there was none
+            best = self.clusters[first]
+            for c in dr:
+                # The walk reads this cluster now: it must turn the action away.
+                read.add(c.name)
+                if c.name in own_held:
+                    return False
+                if c.name in holds:
+                    r = Reason.HeldForGang
+                elif c.name in resv and self._allowed(e.a, now, resv[c.name], e.runs, c) is None:
+                    r = Reason.BackfillWindow
+                else:
+                    return False  # it would start there
+                if _order_key(c) < _order_key(best):
+                    if r is not e.reason:
+                        return False
+                    best = c
+            new_first.append(best.name)
+        for e, f in zip(q.evals, new_first, strict=True):
+            e.first = f
+        views = q.views
+        for c in ds:
+            if c.name in read:
+                views[c.name] = self._view(c.name)
+            else:
+                views.pop(c.name, None)
+        return True
+
+    def _view(self, name: str, own_hold: bool = False, own_resv: int = 0) -> tuple[Any, ...]:
+        """What a fit reads of the holds and reservations on cluster ``name``: whether
+        it is held, and each reservation's time and EASY extra (its free vectors).
+        ``own_*``: effects of the queue being visited, left out (it remakes them)."""
+        rs: Sequence[_Reservation] = self._resv.get(name, ())
+        if own_resv:
+            rs = rs[: len(rs) - own_resv]
+        return (
+            name in self._holds and not own_hold,
+            tuple(
+                (
+                    r.time,
+                    None
+                    if r.extra is None
+                    else (
+                        tuple(r.extra.fcpu),
+                        tuple(r.extra.fmem),
+                        tuple(r.extra.feph),
+                        tuple(r.extra.fgpu),
+                    ),
+                )
+                for r in rs
+            ),
+        )
+
+    def _views_before(self, mine: list[tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
+        """``_view`` of each cluster where the visit just made found room, as it was
+        before the visit (``mine``: the visit's own effects)."""
+        own_h: set[str] = set()
+        own_r: dict[str, int] = {}
+        for e in mine:
+            if e[0] == "h":
+                own_h.add(e[1])
+            else:
+                own_r[e[1]] = own_r.get(e[1], 0) + 1
+        return {n: self._view(n, n in own_h, own_r.get(n, 0)) for n in self._vrooms}
+
+    def _resv_still(self, rec: _ResvRecord, changed: set[str] | frozenset[str], now: float) -> bool:
+        """Would ``_reserve`` still reserve ``rec.where`` at ``rec.time`` and hold
+        ``rec.held``? Clusters outside ``changed`` give the same earliest fits (the
+        queue's horizon bounds how long those stay valid) in the same relative order,
+        so the best of them is still ``rec.where``; a changed cluster must not beat it.
+        """
+        where = rec.where
+        if where is not None and where in changed:
+            return False
+        best = self.clusters.get(where) if where is not None else None
+        for name in changed:
+            c = self.clusters.get(name)
+            if c is None or not c.healthy or not c.known:
+                continue
+            if not self._could(c, rec.runs, rec.dkey):
+                continue
+            fit = self._earliest_fit(c, rec.runs, now, rec.easy, rec.dkey)
+            if fit is None:
+                if name not in rec.held:
+                    return False
+                continue
+            if name in rec.held or best is None:
+                return False
+            t = fit[0]
+            if t < rec.time or (t == rec.time and _order_key(c) < _order_key(best)):
+                return False
+        return True
 
     def _effect(self, e: tuple[Any, ...]) -> None:
         i = len(self._effects)
@@ -814,6 +1142,7 @@ class Scheduler:
         self._effects.append(e)
 
     def _hold(self, cname: str, head: str) -> None:
+        self._vholds.append((cname, head))
         if cname not in self._holds:
             self._holds[cname] = head
             self._effect(("h", cname, head, None, None))
@@ -823,42 +1152,18 @@ class Scheduler:
         ver = r.extra.version if r.extra is not None else -1
         self._effect(("r", cname, r.time, r.head, ver, r))
 
-    def _signature(self, q: _Queue, now: float) -> tuple[Any, ...]:
-        """Everything a queue's visit depends on, cheaply comparable."""
-        sel = q.spec.clusters
-        names = self.clusters.keys() if sel is None else sel
-        if q.last_cap_epoch != self._cap_epoch:
-            q.last_cap_epoch = self._cap_epoch
-            q.cap_sig = tuple(
-                (c.version, c.healthy, c.known)
-                for c in (self.clusters.get(n) for n in names)
-                if c is not None
-            )
-        algo = q.spec.algorithm
-        timed = self._resv or algo is Algorithm.backfill or algo is Algorithm.easy
+    def _signature(self, q: _Queue) -> tuple[Any, ...]:
+        """What a queue's visit depends on besides capacity (``_changes``), upstream
+        holds and reservations, and the task history (``_Queue.hist_dep``)."""
         org = self.org
         orgd = org.max_concurrent_actions is not None or org.max_concurrent_runs is not None
-        return (
-            q.epoch,
-            q.spec,
-            q.cap_sig,
-            self._env_epoch,
-            self._org_epoch if orgd else 0,
-            self._hist_epoch if timed else None,
-        )
+        return (q.epoch, q.spec, self._env_epoch, self._org_epoch if orgd else 0)
 
     def _placement_order(self, cs: list[ClusterState], env: str | None) -> list[ClusterState]:
         pref = self.undeclared_env.get(env) if env else None
-        return sorted(
-            cs,
-            key=lambda c: (
-                0 if pref and pref.get(c.name) else 1,
-                0 if c.known else 1,
-                -c.tgpu if c.known else 0,
-                -c.tcpu if c.known else 0,
-                c.name,
-            ),
-        )
+        if not pref:
+            return sorted(cs, key=_order_key)
+        return sorted(cs, key=lambda c: (0 if pref.get(c.name) else 1, *_order_key(c)[1:]))
 
     def _gate(self, q: _Queue, a: _Action, demand: Usage) -> Reason | None:
         spec = q.spec
@@ -1092,6 +1397,7 @@ class Scheduler:
         holds = self._holds
         resv = self._resv
         if inst is not None:
+            self._vfragile = True
             c = self.clusters.get(inst.cluster)
             if c is None or c not in v.elig:
                 r = Reason.NoClusterCapacity
@@ -1111,6 +1417,11 @@ class Scheduler:
         # reservation forbids takes the whole gang.
         pref = a.env if a.env and not a.env_declared and a.env in self.undeclared_env else None
         dkey = a.dkey if not a.env_declared else self._dkey(pods)
+        if a.env:
+            # Where environments run sways the placement order: no shortcut past it.
+            self._vfragile = True
+        blocked = v.blocked
+        first: str | None = None
         cands: list[ClusterState] | None = None  # an order to refine once walked
         infeasible = self._infeasible
         feasible = self._feasible
@@ -1154,8 +1465,13 @@ class Scheduler:
                         continue
                     feasible[ik] = c.version
             room = True
+            if first is None:
+                first = c.name
             if v.blocked:
                 break
+            # Not blocked: the walk reads the holds and reservations of every cluster
+            # with room (until one takes the action).
+            self._vrooms.add(c.name)
             if c.name in holds:
                 first_block = first_block or Reason.HeldForGang
                 continue
@@ -1191,8 +1507,11 @@ class Scheduler:
             v.ver += 1
             return None
         if room:
+            r = first_block or Reason.HeldForGang
+            self._vevals.append(_Eval(a, dkey, runs, blocked, first, r))
             self._block(q, a, v)
-            return first_block or Reason.HeldForGang
+            return r
+        self._vevals.append(_Eval(a, dkey, runs, blocked, None, Reason.NoClusterCapacity))
         # Capacity only shrinks within a pass: no cluster of this selector will have room
         # for this demand again in it.
         self._noroom.add(nr_key)
@@ -1244,7 +1563,7 @@ class Scheduler:
         if not c.known:
             self.unknown_capacity_passes += 1
         self._admissions += 1
-        self._cap_epoch += 1
+        self._touch(c.name)
         self._org_epoch += 1
         self._env_epoch += inst is not None
         q.epoch += 1
@@ -1272,6 +1591,8 @@ class Scheduler:
 
         Returns None if not; else the EASY extras it must use up (empty: none).
         """
+        if a.spec.estimate is None:
+            self._vhist = True  # an estimate from the task's history
         est = self.estimate(a.task, a.spec.estimate)
         if est is None:
             return None
@@ -1317,6 +1638,7 @@ class Scheduler:
         easy: bool,
     ) -> None:
         best: tuple[float, ClusterState, ClusterState | None] | None = None
+        held: list[str] = []
         for c in self._placement_order(elig, head.env if not head.env_declared else None):
             if not c.known or not self._could(c, runs, dkey):
                 continue
@@ -1325,10 +1647,19 @@ class Scheduler:
                 # A running action with no estimate: the reservation cannot be computed,
                 # so the head holds this cluster as under strict.
                 self._hold(c.name, head.id)
+                held.append(c.name)
                 continue
             t, extra = fit
             if best is None or t < best[0]:
                 best = (t, c, extra)
+        self._vresv = _ResvRecord(
+            runs,
+            dkey,
+            easy,
+            best[1].name if best is not None else None,
+            best[0] if best is not None else _INF,
+            frozenset(held),
+        )
         if best is not None:
             # Admissions use EASY's extra up: keep a copy, not the cached projection.
             extra = best[2].clone() if best[2] is not None else None
@@ -1648,6 +1979,11 @@ class Scheduler:
         s.history = {k: list(v) for k, v in d["history"].items()}
         s.unknown_capacity_passes = d["unknown_capacity_passes"]
         return s
+
+
+def _order_key(c: ClusterState) -> tuple[Any, ...]:
+    """``Scheduler._placement_order``'s key for an action with no environment."""
+    return (1, 0 if c.known else 1, -c.tgpu if c.known else 0, -c.tcpu if c.known else 0, c.name)
 
 
 def _pod_row(p: Pod) -> list[Any]:
