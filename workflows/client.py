@@ -16,7 +16,7 @@ from headway.protocol import SubmitRequest
 from headway.scheduler.model import ClusterSpec
 from headway.workflows.action import ActionResult, ActionStatus, ActionWorkflow
 from headway.workflows.scheduler import SchedulerWorkflow
-from headway.workflows.shared import SchedulerInput
+from headway.workflows.shared import NUDGE_SIGNAL, SchedulerInput
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import (
@@ -35,6 +35,7 @@ __all__ = [
     "ensure_search_attributes",
     "get_fleet",
     "get_queues",
+    "nudge_scheduler",
     "set_org",
     "submit",
     "update_queue",
@@ -116,6 +117,19 @@ async def update_queue(
 async def set_org(client: Client, tenant: str, org: dict[str, Any]) -> dict[str, Any]:
     """Replace the tenant's org limits (``OrgLimits.to_dict()`` notation)."""
     return await _update(client, tenant, protocol.SET_ORG_UPDATE, org)
+
+
+async def nudge_scheduler(
+    client: Client, tenant: str, queues: Sequence[str], fleet: Sequence[ClusterSpec] = ()
+) -> None:
+    """Tell the tenant's scheduler that ``queues`` have new leases in the store.
+
+    Actions submitted through ``submit`` nudge by themselves; call this after loading
+    leases in bulk (``LeaseStore.put_many``), which writes without signalling.
+    """
+    h = await ensure_scheduler(client, tenant, fleet)
+    for q in queues:
+        await h.signal(NUDGE_SIGNAL, f"q:{q}")
 
 
 async def get_queues(client: Client, tenant: str) -> dict[str, dict[str, Any]]:

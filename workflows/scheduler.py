@@ -318,11 +318,16 @@ class SchedulerWorkflow:
             self._stats["admitted"] += len(admitted)
             self._launch_dispatches()
             self._maybe_reap(now)
-            if self._sync_needed():
-                self._changed = True  # more backlog to pull: loop again right away
             self._arm_timer(now)
             if self._should_continue_as_new():
                 await self._drain_and_continue_as_new(inp)
+            if self._sync_needed():
+                # More backlog to pull. Local activities chained in one workflow task
+                # would hold back its commands (the dispatches just started) and every
+                # query until the task's heartbeat; end the task with a 1 ms timer first.
+                if workflow.patched("yield-between-refills"):
+                    await workflow.sleep(0.001)
+                self._changed = True
 
     def _has_work(self) -> bool:
         return self._changed or (
