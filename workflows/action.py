@@ -30,7 +30,13 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
+from temporalio.common import (
+    RetryPolicy,
+    SearchAttributeKey,
+    SearchAttributePair,
+    SearchAttributeUpdate,
+    TypedSearchAttributes,
+)
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
@@ -64,6 +70,22 @@ SA = {name: SearchAttributeKey.for_keyword(name) for name in protocol.SEARCH_ATT
 #: Events kept on the workflow for the ``state`` query (the oldest are dropped first,
 #: the terminal one is always kept).
 MAX_EVENTS = 100
+
+
+def start_attributes(req: SubmitRequest) -> tuple[TypedSearchAttributes, dict[str, Any]]:
+    """Search attributes and memo to start an action's workflow with (see ``submit``)."""
+    sa = TypedSearchAttributes(
+        [
+            SearchAttributePair(SA["HeadwayQueue"], req.queue),
+            SearchAttributePair(SA["HeadwayTenant"], req.tenant),
+            SearchAttributePair(SA["HeadwayRun"], req.run or req.action_id),
+            SearchAttributePair(SA["HeadwayState"], "waiting"),
+            SearchAttributePair(SA["HeadwayReason"], "Waiting"),
+        ]
+    )
+    memo = {"action_id": req.action_id, "queue": req.queue, "tenant": req.tenant, "run": req.run}
+    return sa, memo
+
 
 _ROLES: dict[DemandKind, tuple[str, str]] = {
     DemandKind.single: ("main", "main"),
@@ -113,6 +135,7 @@ class ActionWorkflow:
         self._admission: Admission | None = None
         self._rejection: Rejection | None = None
         self._terminal: ActionEvent | None = None
+        self._lean = False
 
     # --- handlers -----------------------------------------------------------------
 
@@ -165,7 +188,15 @@ class ActionWorkflow:
             req.queue,
             now,
         )
-        self._publish(run=True)
+        # Lean publishing (patched in): ``client.submit`` sets the search attributes and
+        # a static memo at start, so only admission and the end upsert (each an extra
+        # visibility write on the server, which bare workflows do not pay).
+        self._lean = workflow.patched("lean-publish")
+        if not self._lean:
+            self._publish(run=True)
+        elif SA["HeadwayState"] not in info.typed_search_attributes:
+            st.state, st.reason = "waiting", "Waiting"  # started by hand: publish once
+            self._publish(run=True, memo=True)
         try:
             kind, pods = demand_from_request(asdict(req.demand))
         except ValueError as err:
@@ -196,7 +227,8 @@ class ActionWorkflow:
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
             )
             st.state, st.reason = "waiting", "Waiting"
-            self._publish()
+            if not self._lean:
+                self._publish()
             await workflow.wait_condition(
                 lambda: self._admission is not None or self._rejection is not None
             )
@@ -339,8 +371,8 @@ class ActionWorkflow:
             non_retryable=True,
         )
 
-    def _publish(self, run: bool = False) -> None:
-        """Upsert search attributes and memo so the Web UI lists and filters actions."""
+    def _publish(self, run: bool = False, memo: bool = False) -> None:
+        """Upsert search attributes (and memo) so the Web UI lists and filters actions."""
         st = self._status
         pairs: list[SearchAttributeUpdate[Any]] = [
             SA["HeadwayState"].value_set(st.state),
@@ -355,9 +387,10 @@ class ActionWorkflow:
         if st.cluster:
             pairs.append(SA["HeadwayCluster"].value_set(st.cluster))
         workflow.upsert_search_attributes(pairs)
-        workflow.upsert_memo(
-            {"state": st.state, "reason": st.reason, "cluster": st.cluster, "queue": st.queue}
-        )
+        if memo or not self._lean:
+            workflow.upsert_memo(
+                {"state": st.state, "reason": st.reason, "cluster": st.cluster, "queue": st.queue}
+            )
 
 
 def _pod_specs(kind: DemandKind, pods: tuple[Pod, ...], req: SubmitRequest) -> list[PodSpec]:

@@ -14,7 +14,12 @@ from typing import Any
 from headway import protocol
 from headway.protocol import SubmitRequest
 from headway.scheduler.model import ClusterSpec
-from headway.workflows.action import ActionResult, ActionStatus, ActionWorkflow
+from headway.workflows.action import (
+    ActionResult,
+    ActionStatus,
+    ActionWorkflow,
+    start_attributes,
+)
 from headway.workflows.scheduler import SchedulerWorkflow
 from headway.workflows.shared import NUDGE_SIGNAL, SchedulerInput
 from temporalio.api.enums.v1 import IndexedValueType
@@ -52,11 +57,14 @@ async def submit(
 
     The workflow enqueues itself with its shard scheduler (starting it if needed).
     """
+    sa, memo = start_attributes(req)
     return await client.start_workflow(
         ActionWorkflow.run,
         req,
         id=protocol.action_workflow_id(req.tenant, req.action_id),
         task_queue=protocol.CONTROL_TASK_QUEUE,
+        search_attributes=sa,
+        memo=memo,
     )
 
 
