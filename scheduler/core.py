@@ -172,6 +172,7 @@ class _Queue:
         "last_up_len",
         "next_pos",
         "resv_rec",
+        "rooms",
         "run_counts",
         "running",
         "runs_ok",
@@ -205,6 +206,8 @@ class _Queue:
         # read anything else the shortcut cannot vouch for.
         self.evals: list[_Eval] = []
         self.views: dict[str, tuple[Any, ...]] = {}
+        # Per demand, every cluster where a fit that walked them all found room.
+        self.rooms: dict[int, set[str]] = {}
         self.hist_dep = True
         self.fragile = True
         self.last_hist = -1
@@ -469,7 +472,7 @@ class Scheduler:
         self._selsets: dict[tuple[str, ...], frozenset[str]] = {}
         # What the visit in progress depends on (copied to its queue when it ends).
         self._vevals: list[_Eval] = []
-        self._vrooms: set[str] = set()
+        self._vrooms: dict[int, set[str]] = {}
         self._vhist = False
         self._vfragile = False
         self._vholds: list[tuple[str, str]] = []
@@ -891,7 +894,7 @@ class Scheduler:
             q.cap_pos = self._cap_base + len(self._cap_log)
             self._horizon = _INF
             self._vevals = []
-            self._vrooms = set()
+            self._vrooms = {}
             self._vhist = self._vfragile = False
             self._vholds = []
             self._vresv = None
@@ -903,6 +906,7 @@ class Scheduler:
             q.last_holds = tuple(self._vholds)
             q.last_resv = tuple((e[1], e[5]) for e in mine if e[0] == "r")
             q.evals = self._vevals
+            q.rooms = self._vrooms
             q.views = self._views_before(mine) if self._vrooms else {}
             q.hist_dep = self._vhist
             q.fragile = self._vfragile
@@ -1010,16 +1014,21 @@ class Scheduler:
         ds = [c for c in (self.clusters.get(n) for n in changed) if c is not None and c.healthy]
         if not ds:
             return True
-        rooms: dict[int, list[ClusterState]] = {}
-        own_held = q.resv_rec.held if q.resv_rec is not None else frozenset()
-        new_first: list[str | None] = []
-        read: set[str] = set()
+        clusters = self.clusters
         holds = self._holds
         resv = self._resv
+        own_held = q.resv_rec.held if q.resv_rec is not None else frozenset()
+        # Per demand: the changed clusters with room now, and the clusters with room
+        # (for a fit that walks them all) as they will be.
+        now_room: dict[int, list[ClusterState]] = {}
+        new_rooms: dict[int, set[str]] = {}
+        for dkey, rs in q.rooms.items():
+            new_rooms[dkey] = rs - changed
+        new_first: list[str | None] = []
         for e in q.evals:
-            dr = rooms.get(e.dkey)
+            dr = now_room.get(e.dkey)
             if dr is None:
-                dr = rooms[e.dkey] = [c for c in ds if self._room(c, e.dkey, e.runs)]
+                dr = now_room[e.dkey] = [c for c in ds if self._room(c, e.dkey, e.runs)]
             first = e.first
             if e.blocked:
                 # Only "is there room anywhere" counts, and any cluster with room will do.
@@ -1032,37 +1041,48 @@ class Scheduler:
                 elif first is None:
                     new_first.append(None)
                 else:
-                    return False  # its witness lost room: others unknown
+                    return False  # its witness lost room: the others are not known
                 continue
-            if first is not None and first in changed:
-                return False
-            if not dr:
-                new_first.append(first)
+            # The walk reads every cluster with room: none may take the action, and
+            # the first in placement order gives the reason.
+            rooms = new_rooms[e.dkey]
+            for c in dr:
+                if c.name in own_held:
+                    return False
+                if c.name not in holds and (
+                    c.name not in resv
+                    or self._allowed(e.a, now, resv[c.name], e.runs, c) is not None
+                ):
+                    return False  # it would start there
+                rooms.add(c.name)
+            if not rooms:
+                if first is not None:
+                    return False  # room went: the head would block or reserve
+                new_first.append(None)
                 continue
             if first is None:
                 return False  # room appeared where there was none
-            best = self.clusters[first]
-            for c in dr:
-                # The walk reads this cluster now: it must turn the action away.
-                read.add(c.name)
-                if c.name in own_held:
+            if first in rooms:
+                best = clusters[first]
+                for c in dr:
+                    if _order_key(c) < _order_key(best):
+                        best = c
+            else:
+                best = min((clusters[n] for n in rooms), key=_order_key)
+            if best.name != first or best.name in changed:
+                # A cluster that turns the action away: held, else reserved.
+                if best.name in own_held:
                     return False
-                if c.name in holds:
-                    r = Reason.HeldForGang
-                elif c.name in resv and self._allowed(e.a, now, resv[c.name], e.runs, c) is None:
-                    r = Reason.BackfillWindow
-                else:
-                    return False  # it would start there
-                if _order_key(c) < _order_key(best):
-                    if r is not e.reason:
-                        return False
-                    best = c
+                r = Reason.HeldForGang if best.name in holds else Reason.BackfillWindow
+                if r is not e.reason:
+                    return False
             new_first.append(best.name)
         for e, f in zip(q.evals, new_first, strict=True):
             e.first = f
+        q.rooms = new_rooms
         views = q.views
         for c in ds:
-            if c.name in read:
+            if any(c.name in rs for rs in new_rooms.values()):
                 views[c.name] = self._view(c.name)
             else:
                 views.pop(c.name, None)
@@ -1072,11 +1092,14 @@ class Scheduler:
         """What a fit reads of the holds and reservations on cluster ``name``: whether
         it is held, and each reservation's time and EASY extra (its free vectors).
         ``own_*``: effects of the queue being visited, left out (it remakes them)."""
+        if name in self._holds and not own_hold:
+            # A held cluster turns every action away before its reservations are read.
+            return (True,)
         rs: Sequence[_Reservation] = self._resv.get(name, ())
         if own_resv:
             rs = rs[: len(rs) - own_resv]
         return (
-            name in self._holds and not own_hold,
+            False,
             tuple(
                 (
                     r.time,
@@ -1103,7 +1126,8 @@ class Scheduler:
                 own_h.add(e[1])
             else:
                 own_r[e[1]] = own_r.get(e[1], 0) + 1
-        return {n: self._view(n, n in own_h, own_r.get(n, 0)) for n in self._vrooms}
+        names = set().union(*self._vrooms.values())
+        return {n: self._view(n, n in own_h, own_r.get(n, 0)) for n in names}
 
     def _resv_still(self, rec: _ResvRecord, changed: set[str] | frozenset[str], now: float) -> bool:
         """Would ``_reserve`` still reserve ``rec.where`` at ``rec.time`` and hold
@@ -1422,6 +1446,9 @@ class Scheduler:
             self._vfragile = True
         blocked = v.blocked
         first: str | None = None
+        rooms = self._vrooms.get(dkey)
+        if rooms is None:
+            rooms = self._vrooms[dkey] = set()
         cands: list[ClusterState] | None = None  # an order to refine once walked
         infeasible = self._infeasible
         feasible = self._feasible
@@ -1471,7 +1498,7 @@ class Scheduler:
                 break
             # Not blocked: the walk reads the holds and reservations of every cluster
             # with room (until one takes the action).
-            self._vrooms.add(c.name)
+            rooms.add(c.name)
             if c.name in holds:
                 first_block = first_block or Reason.HeldForGang
                 continue

@@ -241,3 +241,140 @@ def _drive(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
 def test_driven_core_matches_the_plain_loop(seed: int) -> None:
     sc = scenario(1000 + seed)
     assert _drive(sc, seed, True) == _drive(sc, seed, False)
+
+
+# --- completions: capacity freed on one cluster among several ----------------------------
+#
+# The core skips a queue whose last answers a completion cannot change: it checks only the
+# clusters whose capacity changed since (does any fit now find room there, or lose it; is
+# the first cluster with room still turned away the same way; does a reserving head's
+# earliest fit there beat its reservation). These scenarios aim at exactly that: a fleet
+# of alike clusters kept nearly full, many queues of every algorithm competing for it,
+# completions freeing room on one cluster at a time, reservations that move as running
+# work changes, strict gangs whose holds come and go, clusters going down and up.
+
+
+def _alike_clusters(rng: random.Random) -> list[ClusterSpec]:
+    shapes = [
+        Pod(cpu=16_000, memory=64 * GI),
+        Pod(cpu=32_000, memory=128 * GI, gpu=4, gpu_type="H200"),
+        Pod(cpu=32_000, memory=128 * GI, gpu=4),
+    ]
+    out = []
+    for i in range(rng.randint(3, 6)):
+        groups = tuple(
+            NodeGroup(f"g{j}", rng.randint(1, 2), shape)
+            for j, shape in enumerate(shapes)
+            if rng.random() < 0.8 or j == 0
+        )
+        out.append(ClusterSpec(f"c{i}", groups, rng.random() > 0.1))
+    return out
+
+
+def completion_scenario(seed: int) -> Scenario:
+    rng = random.Random(seed)
+    cs = _alike_clusters(rng)
+    cnames = [c.name for c in cs]
+    palette = [
+        (Pod(cpu=2_000, memory=8 * GI),),
+        (Pod(cpu=16_000, memory=64 * GI),),
+        (Pod(cpu=8_000, memory=16 * GI, gpu=1, gpu_type="H200"),),
+        (Pod(cpu=8_000, memory=16 * GI, gpu=2),),
+        replicas_demand(Pod(cpu=16_000, memory=64 * GI, gpu=4, gpu_type="H200"), 2),
+        ray_demand(Pod(cpu=2_000, memory=4 * GI), [(2, Pod(cpu=4_000, memory=8 * GI, gpu=1))]),
+    ]
+    qs = []
+    for i in range(rng.randint(3, 7)):
+        sel = None
+        if rng.random() < 0.4:
+            sel = tuple(sorted(rng.sample(cnames, rng.randint(1, len(cnames)))))
+        qs.append(
+            QueueSpec(
+                name=f"q{i}",
+                priority=rng.choice(list(Priority)[:3]),
+                algorithm=ALGOS[(seed + i) % 4] if i < 4 else rng.choice(ALGOS),
+                action_concurrency=_opt(rng, [3, 8]),
+                run_concurrency=_opt(rng, [2, 4]) if rng.random() < 0.2 else None,
+                max_resources=Quota(gpu=8) if rng.random() < 0.15 else None,
+                clusters=sel,
+            )
+        )
+    # Long-running fillers first (they take most of the fleet), then a backlog whose
+    # estimates vary so that reservations move as running work ends.
+    work = []
+    n = rng.randint(30, 90)
+    for i in range(n):
+        filler = i < n // 3
+        est = rng.choice([None, 20.0, 60.0, 300.0, 1000.0])
+        spec = ActionSpec(
+            id=f"a{i}",
+            queue=rng.choice(qs).name,
+            pods=rng.choice(palette[1:] if filler else palette),
+            run=f"r{rng.randint(0, 8)}",
+            task=f"t{rng.randint(0, 3)}",
+            submit=0.0 if filler else float(rng.choice([0, 1, 2, 5, 30, 90])),
+            seq=i,
+            estimate=est,
+        )
+        dur = (
+            float(rng.choice([15, 40, 80, 250, 700]))
+            if filler
+            else float(rng.choice([5, 10, 50, 200]))
+        )
+        work.append(WorkItem(spec, dur))
+    events: list[tuple[float, str, Any]] = []
+    for _ in range(rng.randint(0, 4)):
+        t = float(rng.choice([3, 25, 45, 100, 260]))
+        kind = rng.choice(["cluster_down", "cluster_up", "cluster_up", "update_queue"])
+        if kind == "update_queue":
+            q = rng.choice(qs)
+            events.append((t, kind, (q.name, {"algorithm": rng.choice(ALGOS)})))
+        else:
+            events.append((t, kind, rng.choice(cnames)))
+    return Scenario(cs, qs, OrgLimits(), [], work, events)
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_completions_match_the_plain_loop(seed: int) -> None:
+    sc = completion_scenario(5000 + seed)
+    fast = render_json(simulate(sc))
+    with plain():
+        slow = render_json(simulate(sc))
+    assert fast == slow
+
+
+def _drive_completions(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
+    """Submit everything, then end running actions one at a time (a pass after each),
+    taking clusters down and up now and then; record every decision and reason."""
+    rng = random.Random(seed)
+    s = Scheduler(sc.clusters, sc.queues, sc.org, sc.environments, incremental=incremental)
+    log: list[Any] = []
+    now = 0.0
+    for wi in sorted(sc.workload, key=lambda w: (w.spec.submit, w.spec.seq)):
+        log.append(("submit", wi.spec.id, s.submit(wi.spec, now)))
+    running = [a.action_id for a in s.schedule(now)]
+    names = [c.name for c in sc.clusters]
+    for step in range(300):
+        if not running:
+            break
+        now += rng.choice([0.0, 1.0, 7.0, 40.0])
+        r = rng.random()
+        if r < 0.06:
+            s.set_cluster_health(rng.choice(names), rng.random() < 0.5)
+        elif r < 0.09:
+            s.set_cluster_health(rng.choice(names), True)
+        if step == 150:
+            s = Scheduler.from_snapshot(s.to_snapshot())
+            s.incremental = incremental
+        s.finish(running.pop(rng.randrange(len(running))), now, record=rng.random() < 0.8)
+        adm = s.schedule(now)
+        running.extend(a.action_id for a in adm)
+        log.append(("adm", now, adm))
+        log.append(("why", sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())))
+    return log
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_driven_completions_match_the_plain_loop(seed: int) -> None:
+    sc = completion_scenario(9000 + seed)
+    assert _drive_completions(sc, seed, True) == _drive_completions(sc, seed, False)
