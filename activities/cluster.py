@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from headway import telemetry
 from headway.protocol import (
     ACTION_EVENT_SIGNAL,
     DELETE_ACTION_ACTIVITY,
@@ -140,6 +141,9 @@ class ClusterActivities:
                 return
             client = self.client or activity.client()
             await client.get_workflow_handle(workflow_id).signal(ACTION_EVENT_SIGNAL, event)
+            # Attribution, as a metric: which cluster saw what, and how long it took the
+            # action's workflow to hear of it.
+            telemetry.get().record_event(event.cluster, str(event.kind), event.observed_at)
         except Exception as exc:
             # The returned terminal event is authoritative; a lost progress signal must not
             # fail (and so re-run) the action.

@@ -53,10 +53,13 @@ def settings(ctx: click.Context) -> Settings:
 
 async def connect(cfg: Settings) -> Client:
     """A Temporal client for ``cfg``, or a :class:`click.ClickException` saying why not."""
+    from headway import telemetry
     from temporalio.client import Client
 
     try:
-        return await Client.connect(cfg.address, namespace=cfg.namespace)
+        return await Client.connect(
+            cfg.address, namespace=cfg.namespace, interceptors=telemetry.interceptors()
+        )
     except Exception as exc:
         raise click.ClickException(
             f"cannot reach Temporal at {cfg.address} (namespace {cfg.namespace!r}): {exc}. "

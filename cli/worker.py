@@ -71,7 +71,10 @@ def control_plane(ctx: click.Context, fleet_path: str | None, database_url: str 
     """The control plane: shard schedulers, action workflows and their activities."""
     cfg = settings(ctx)
     fleet = load_fleet(fleet_path)
+    from headway import telemetry
     from headway.worker.control_plane import run_control_plane_worker
+
+    telemetry.setup("headway-control-plane")
 
     async def body(client: Client, stop: asyncio.Event) -> None:
         await run_control_plane_worker(
@@ -118,7 +121,10 @@ def cluster(
     """A cluster worker: dials out to Temporal and runs admitted actions' pods."""
     cfg = settings(ctx)
     entry = fleet_cluster(load_fleet(fleet_path), name)
+    from headway import telemetry
     from headway.worker.cluster import make_backend, run_cluster_worker
+
+    telemetry.setup(f"headway-cluster-{name}")
 
     given = {
         "kubeconfig": kubeconfig,

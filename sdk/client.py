@@ -180,9 +180,12 @@ class Client:
         ui_url: str | None = None,
     ) -> Client:
         """Connect to the Temporal server Headway runs on."""
+        from headway import telemetry
         from temporalio.client import Client as TemporalClient
 
-        temporal = await TemporalClient.connect(address, namespace=namespace)
+        temporal = await TemporalClient.connect(
+            address, namespace=namespace, interceptors=telemetry.interceptors()
+        )
         return cls(temporal, tenant=tenant, ui_url=ui_url)
 
     def ui_link(self, workflow_id: str) -> str:

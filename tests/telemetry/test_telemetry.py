@@ -1,0 +1,114 @@
+"""Metrics and traces: reasons become counters, waits histograms, heads gauges."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from headway import telemetry
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from temporalio import workflow
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+
+def points(reader: InMemoryMetricReader, name: str) -> list[tuple[dict[str, Any], Any]]:
+    data = reader.get_metrics_data()
+    out = []
+    for rm in data.resource_metrics if data else []:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == name:
+                    for p in m.data.data_points:
+                        value = getattr(p, "value", None)
+                        if value is None:
+                            value = (p.count, p.sum)
+                        out.append((dict(p.attributes), value))
+    return out
+
+
+def test_admissions_reasons_and_waits_are_recorded_per_queue_and_cluster() -> None:
+    reader = InMemoryMetricReader()
+    t = telemetry.setup("test", readers=[reader], exporter="none")
+    t.record_admission("acme", "prod", "gpu-h200", 12.5, ["NoClusterCapacity", "HeldForGang"])
+    t.record_admission("acme", "prod", "gpu-h200", 0.0, [])
+    t.record_rejection("acme", "prod", "QueueDepthExceeded")
+    adm = points(reader, "headway.admissions")
+    assert adm == [({"tenant": "acme", "queue": "prod", "cluster": "gpu-h200"}, 2)]
+    reasons = dict((p[0]["reason"], p[1]) for p in points(reader, "headway.reasons"))
+    assert reasons == {"NoClusterCapacity": 1, "HeldForGang": 1}
+    waits = {p[0]["reason"]: p[1] for p in points(reader, "headway.admission.wait")}
+    assert waits["NoClusterCapacity"] == (1, 12.5) and waits["None"] == (1, 0.0)
+    assert points(reader, "headway.rejections")[0][1] == 1
+
+
+def test_queue_gauges_and_blocked_head_duration() -> None:
+    reader = InMemoryMetricReader()
+    t = telemetry.setup("test", readers=[reader], exporter="none")
+    stats = {
+        "train": {
+            "waiting": 5,
+            "running": 2,
+            "blocked_head": "gang-1",
+            "waiting_by_reason": {"NoClusterCapacity": 1, "HeldForGang": 4},
+        }
+    }
+    t.update_queue_stats("acme", stats, now=1000.0)
+    t.update_fleet("acme", {"c1": {"known": True, "free": {"gpu": 4}}, "c2": {"known": False}})
+    waiting = {p[0]["reason"]: p[1] for p in points(reader, "headway.queue.waiting")}
+    assert waiting == {"NoClusterCapacity": 1, "HeldForGang": 4}
+    blocked = points(reader, "headway.queue.blocked_head_seconds")
+    assert blocked[0][0]["head"] == "gang-1" and blocked[0][1] > 0
+    unknown = {p[0]["cluster"]: p[1] for p in points(reader, "headway.cluster.unknown_capacity")}
+    assert unknown == {"c1": 0, "c2": 1}
+    # The head started: the gauge goes away.
+    t.update_queue_stats("acme", {"train": {"waiting": 4, "running": 3, "blocked_head": None}})
+    assert points(reader, "headway.queue.blocked_head_seconds") == []
+
+
+def test_action_events_count_by_kind_with_attribution_latency() -> None:
+    import time
+
+    reader = InMemoryMetricReader()
+    t = telemetry.setup("test", readers=[reader], exporter="none")
+    t.record_event("gpu-h100", "OOMKilled", time.time() - 0.25)
+    ev = points(reader, "headway.action.events")
+    assert ev == [({"cluster": "gpu-h100", "kind": "OOMKilled"}, 1)]
+    ((_attrs, (count, total)),) = points(reader, "headway.action.event.latency")
+    assert count == 1 and 0.2 < total < 30
+
+
+def test_bad_exporter_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="HEADWAY_OTEL_EXPORTER: 'zipkin'"):
+        telemetry.setup("test", exporter="zipkin")
+
+
+@workflow.defn(name="TracedHello")
+class TracedHello:
+    @workflow.run
+    async def run(self, name: str) -> str:
+        return f"hello {name}"
+
+
+@pytest.mark.asyncio
+async def test_workflows_are_traced_through_the_client_interceptor(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    spans = InMemorySpanExporter()
+    telemetry.setup("test", span_processors=[SimpleSpanProcessor(spans)], exporter="none")
+    base = temporal_env.client
+    client = Client(
+        base.service_client, namespace=base.namespace, interceptors=telemetry.interceptors()
+    )
+    tq = f"traced-{uuid.uuid4().hex[:6]}"
+    async with Worker(client, task_queue=tq, workflows=[TracedHello]):
+        out = await client.execute_workflow(
+            TracedHello.run, "x", id=f"traced-{uuid.uuid4().hex}", task_queue=tq
+        )
+    assert out == "hello x"
+    names = [s.name for s in spans.get_finished_spans()]
+    assert "StartWorkflow:TracedHello" in names and "RunWorkflow:TracedHello" in names
