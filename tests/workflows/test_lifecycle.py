@@ -182,3 +182,34 @@ async def test_scheduler_started_by_config_call_learns_fleet_from_worker(
     assert (res.state, res.cluster) == ("succeeded", "c1")
     fleet = await hw.get_fleet(plane.client, tenant)
     assert fleet["clusters"] == ["c1"]
+
+
+async def test_capacity_report_reconciles_reservations(plane: Plane, tenant: str) -> None:
+    """A report that already counts a running action's pods must not count them twice."""
+    await setup_queue(plane, tenant)
+    plane.cluster.gate = asyncio.Event()
+    eight = DemandRequest(resources={"cpu": "8", "memory": "1Gi"})
+    a = await hw.submit(plane.client, req(tenant, "cap-a", demand=eight))
+    await eventually(lambda: "cap-a" in plane.cluster.running)
+    sched = plane.client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    gi = 2**30
+    node = protocol.NodeCapacity(
+        "cpu-0", cpu_m=16000, memory=64 * gi, free_cpu_m=8000, free_memory=63 * gi
+    )
+    # The worker sees cap-a's pod on cpu-0 (8 of 16 cores free) and says so.
+    await sched.signal(
+        protocol.CAPACITY_SIGNAL,
+        protocol.CapacityReport("c1", [node], reflected_actions=["cap-a"], sequence=1),
+    )
+    b = await hw.submit(plane.client, req(tenant, "cap-b", demand=eight))
+    await eventually(lambda: "cap-b" in plane.cluster.running)  # not double counted
+    c = await hw.submit(plane.client, req(tenant, "cap-c", demand=eight))
+    await eventually(lambda: _why_state(plane, tenant, "cap-c", "waiting"))
+    assert (await hw.why(plane.client, tenant, "cap-c"))["reason"] == "NoClusterCapacity"
+    # A report of unknown capacity (the worker cannot read nodes) opens the gate.
+    await sched.signal(protocol.CAPACITY_SIGNAL, protocol.CapacityReport("c1", None, sequence=2))
+    await eventually(lambda: "cap-c" in plane.cluster.running)
+    plane.cluster.gate.set()
+    for h in (a, b, c):
+        assert (await hw.wait_result(h)).state == "succeeded"
+    await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
