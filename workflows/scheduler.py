@@ -322,10 +322,11 @@ class SchedulerWorkflow:
             if self._should_continue_as_new():
                 await self._drain_and_continue_as_new(inp)
             if self._sync_needed():
-                # More backlog to pull. Local activities chained in one workflow task
-                # would hold back its commands (the dispatches just started) and every
-                # query until the task's heartbeat; end the task with a 1 ms timer first.
-                if workflow.patched("yield-between-refills"):
+                # Local activities chained in one workflow task hold back its commands
+                # (the dispatches just started) and every query until the task's
+                # heartbeat. Nudges end by themselves, a backlog does not: when it is
+                # the backlog asking for the next refill, end the task (1 ms timer).
+                if self._backlog_refill_needed() and workflow.patched("yield-between-refills"):
                     await workflow.sleep(0.001)
                 self._changed = True
 
@@ -356,6 +357,13 @@ class SchedulerWorkflow:
         queues = self._core.queues
         return any((c.startswith("q:") and c[2:] not in queues) for c in self._nudged) or any(
             q not in queues for q in self._more
+        )
+
+    def _backlog_refill_needed(self) -> bool:
+        queues = self._core.queues
+        return any(
+            q == "*" or q not in queues or self._core.waiting_count(q) < WINDOW // 2
+            for q in self._more
         )
 
     async def _sync(self) -> None:
