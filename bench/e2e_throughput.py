@@ -17,7 +17,9 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,18 +35,18 @@ from temporalio.worker import Worker
 BARE_QUEUE = "bench-bare"
 
 
-async def gather_limited(coros: list, limit: int = 100) -> list:
+async def gather_limited(coros: list[Coroutine[Any, Any, None]], limit: int = 100) -> None:
     sem = asyncio.Semaphore(limit)
 
-    async def one(c):  # type: ignore[no-untyped-def]
+    async def one(c: Coroutine[Any, Any, None]) -> None:
         async with sem:
-            return await c
+            await c
 
-    return await asyncio.gather(*(one(c) for c in coros))
+    await asyncio.gather(*(one(c) for c in coros))
 
 
 async def bare_round(client: Client, n: int, tag: str) -> float:
-    from _bare import BareWorkflow
+    from _bare import BareWorkflow  # type: ignore[import-not-found]
 
     t0 = time.perf_counter()
 
@@ -83,7 +85,7 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     from _bare import BareWorkflow, noop
-    from _common import big_fleet, instant_delete, instant_run, pct, start_server, summary
+    from _common import big_fleet, instant_delete, instant_run, pct, start_server, summary  # type: ignore[import-not-found]
 
     env = await start_server()
     client = env.client
@@ -105,7 +107,10 @@ async def main() -> None:
             await hw.upsert_queue(client, tenant, {"name": "bench"}, fleet)
             await bare_round(client, args.n // 2, "warm")
             await headway_round(client, args.n // 2, tenant, "warm", [])
-            bare, head, ratio, lat = [], [], [], []
+            bare: list[float] = []
+            head: list[float] = []
+            ratio: list[float] = []
+            lat: list[float] = []
             for r in range(args.rounds):
                 b = await bare_round(client, args.n, f"r{r}")
                 h = await headway_round(client, args.n, tenant, f"r{r}", lat)

@@ -98,7 +98,7 @@ def million_pass(url: str, n: int) -> dict[str, float]:
     t0 = time.perf_counter()
     store.put_many("million", lease_rows("m", "q", n))
     load_s = time.perf_counter() - t0
-    from _common import big_fleet
+    from _common import big_fleet  # type: ignore[import-not-found]
 
     core = Scheduler(clusters=big_fleet(), queues=[QueueSpec("q", action_concurrency=0)])
     t0 = time.perf_counter()

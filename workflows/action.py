@@ -194,7 +194,7 @@ class ActionWorkflow:
         self._lean = workflow.patched("lean-publish")
         if not self._lean:
             self._publish(run=True)
-        elif SA["HeadwayState"] not in info.typed_search_attributes:
+        elif info.typed_search_attributes.get(SA["HeadwayState"]) is None:
             st.state, st.reason = "waiting", "Waiting"  # started by hand: publish once
             self._publish(run=True, memo=True)
         try:
