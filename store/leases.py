@@ -64,7 +64,8 @@ class SyncResult:
         leases: newly claimed leases, oldest first per queue, as stored spec dicts (an
             ``ActionSpec.to_dict()`` without a meaningful ``seq``, plus ``workflow_id``).
         done: ``[action_id, "finished" | "cancelled"]`` for every end claimed.
-        more: queues that still hold pending leases the scheduler has not claimed.
+        more: queues in which this sync left pending leases behind (room or the per-sync
+            cap ran out); leases that arrive later nudge instead.
         more_done: ends remain unclaimed (the per-sync cap was hit).
     """
 
@@ -287,9 +288,13 @@ class LeaseStore:
                     )
                 ]
             budget = max_leases
+            # A queue is "more" only if this sync left visible leases behind: leases
+            # committed after its flag was cleared below will nudge by themselves.
+            more: list[str] = []
             for queue in self._pending_queues(conn, tenant):
                 want = min(room.get(queue, default_room), budget)
                 if want <= 0:
+                    more.append(queue)
                     continue
                 self._clear(conn, tenant, queue_channel(queue))
                 rows = conn.execute(
@@ -300,9 +305,11 @@ class LeaseStore:
                         & (LeaseRow.queue == queue)
                     )
                     .order_by(LeaseRow.id)
-                    .limit(want)
+                    .limit(want + 1)
                 ).all()
-                got = [r[0] for r in rows]
+                got = [r[0] for r in rows[:want]]
+                if len(rows) > want:
+                    more.append(queue)
                 if not got:
                     continue
                 conn.execute(
@@ -312,7 +319,7 @@ class LeaseStore:
                 )
                 budget -= len(got)
             out.leases = self._leases_claimed(conn, tenant, token)
-            out.more = self._pending_queues(conn, tenant)
+            out.more = more
             return out
 
     # --- introspection ------------------------------------------------------------
