@@ -24,10 +24,10 @@ def points(reader: InMemoryMetricReader, name: str) -> list[tuple[dict[str, Any]
             for m in sm.metrics:
                 if m.name == name:
                     for p in m.data.data_points:
-                        value = getattr(p, "value", None)
+                        value: Any = getattr(p, "value", None)
                         if value is None:
-                            value = (p.count, p.sum)
-                        out.append((dict(p.attributes), value))
+                            value = (getattr(p, "count", None), getattr(p, "sum", None))
+                        out.append((dict(p.attributes or {}), value))
     return out
 
 
