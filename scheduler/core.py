@@ -54,6 +54,9 @@ _INF = float("inf")
 _POS = attrgetter("pos")
 _LOG_MAX = 8192
 _NO_CHANGE: frozenset[str] = frozenset()
+# ``Scheduler._view`` of a held cluster, and of one with neither hold nor reservation.
+_HELD: tuple[Any, ...] = (True,)
+_OPEN: tuple[Any, ...] = (False, ())
 
 INCREMENTAL = True
 """Default of ``Scheduler(incremental=...)``: False makes every visit the plain loop."""
@@ -905,9 +908,13 @@ class Scheduler:
             mine = self._effects[n_effects:]
             q.last_holds = tuple(self._vholds)
             q.last_resv = tuple((e[1], e[5]) for e in mine if e[0] == "r")
-            q.evals = self._vevals
-            q.rooms = self._vrooms
-            q.views = self._views_before(mine) if self._vrooms else {}
+            if n:
+                # Never skipped next time (see above): nothing to record.
+                q.evals, q.rooms, q.views = [], {}, {}
+            else:
+                q.evals = self._vevals
+                q.rooms = self._vrooms
+                q.views = self._views_before(mine, q.rooms) if q.rooms else {}
             q.hist_dep = self._vhist
             q.fragile = self._vfragile
             q.resv_rec = self._vresv
@@ -1094,8 +1101,10 @@ class Scheduler:
         ``own_*``: effects of the queue being visited, left out (it remakes them)."""
         if name in self._holds and not own_hold:
             # A held cluster turns every action away before its reservations are read.
-            return (True,)
+            return _HELD
         rs: Sequence[_Reservation] = self._resv.get(name, ())
+        if not rs:
+            return _OPEN
         if own_resv:
             rs = rs[: len(rs) - own_resv]
         return (
@@ -1116,7 +1125,9 @@ class Scheduler:
             ),
         )
 
-    def _views_before(self, mine: list[tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
+    def _views_before(
+        self, mine: list[tuple[Any, ...]], rooms: dict[int, set[str]]
+    ) -> dict[str, tuple[Any, ...]]:
         """``_view`` of each cluster where the visit just made found room, as it was
         before the visit (``mine``: the visit's own effects)."""
         own_h: set[str] = set()
@@ -1126,7 +1137,7 @@ class Scheduler:
                 own_h.add(e[1])
             else:
                 own_r[e[1]] = own_r.get(e[1], 0) + 1
-        names = set().union(*self._vrooms.values())
+        names = set().union(*rooms.values())
         return {n: self._view(n, n in own_h, own_r.get(n, 0)) for n in names}
 
     def _resv_still(self, rec: _ResvRecord, changed: set[str] | frozenset[str], now: float) -> bool:
@@ -1446,8 +1457,11 @@ class Scheduler:
             self._vfragile = True
         blocked = v.blocked
         first: str | None = None
-        rooms = self._vrooms.get(dkey)
-        if rooms is None:
+        # The clusters with room that a walk reads, once per demand and visit: records
+        # are kept only of a visit that admitted nothing, and in one capacity stood
+        # still, so every walk of a demand saw the same ones (see ``_still``).
+        rooms: set[str] | None = None
+        if not blocked and dkey not in self._vrooms:
             rooms = self._vrooms[dkey] = set()
         cands: list[ClusterState] | None = None  # an order to refine once walked
         infeasible = self._infeasible
@@ -1498,7 +1512,8 @@ class Scheduler:
                 break
             # Not blocked: the walk reads the holds and reservations of every cluster
             # with room (until one takes the action).
-            rooms.add(c.name)
+            if rooms is not None:
+                rooms.add(c.name)
             if c.name in holds:
                 first_block = first_block or Reason.HeldForGang
                 continue
