@@ -1463,7 +1463,6 @@ class Scheduler:
         rooms: set[str] | None = None
         if not blocked and dkey not in self._vrooms:
             rooms = self._vrooms[dkey] = set()
-        cands: list[ClusterState] | None = None  # an order to refine once walked
         infeasible = self._infeasible
         feasible = self._feasible
         nr_key = (q.spec.clusters, dkey)
@@ -1475,16 +1474,17 @@ class Scheduler:
             # The order depends on the selector and on what was admitted (the pass
             # fixes health); clusters known unable to hold this demand are skipped
             # below anyway: drop them once per pass, demand and admission, not per
-            # action (they are still checked: the set only grows). The first action
-            # of a demand walks the whole order, which finds them.
-            hit = self._cands.get((nr_key, self._admissions))
-            if hit is None:
+            # action (they are still checked: the set only grows).
+            ok = (nr_key, self._admissions)
+            cands = self._cands.get(ok)
+            if cands is None:
                 bk = (q.spec.clusters, self._admissions)
-                hit = self._orders.get(bk)
-                if hit is None:
-                    hit = self._orders[bk] = self._placement_order(v.elig, None)
-                cands = hit
-            order = hit
+                base = self._orders.get(bk)
+                if base is None:
+                    base = self._orders[bk] = self._placement_order(v.elig, None)
+                cands = [c for c in base if not c.known or (c.index, dkey) not in infeasible]
+                self._cands[ok] = cands
+            order = cands
         else:
             if v.order is None or v.order_ver != self._admissions:
                 v.order = self._placement_order(v.elig, None)
@@ -1526,10 +1526,6 @@ class Scheduler:
                 extras = need
             chosen = c
             break
-        if cands is not None:
-            self._cands[(nr_key, self._admissions)] = [
-                c for c in cands if not c.known or (c.index, dkey) not in infeasible
-            ]
         if chosen is not None:
             if chosen.known:
                 nodes = chosen.place(runs, commit=True, limit=extras[0] if extras else None)
