@@ -79,6 +79,8 @@ MAX_SYNCS_PER_ITERATION = 4
 #: Decisions per dispatch activity call.
 DISPATCH_BATCH = 1000
 MAX_DISPATCH_INFLIGHT = 4
+#: Undelivered decisions above which window refills pause.
+MAX_UNDELIVERED = DISPATCH_BATCH * MAX_DISPATCH_INFLIGHT
 #: Running actions are probed for a vanished workflow after this long, then again.
 REAP_AFTER_S = 900.0
 REAP_BATCH = 500
@@ -339,6 +341,10 @@ class SchedulerWorkflow:
 
     def _room(self) -> dict[str, int]:
         room: dict[str, int] = {}
+        # Backpressure: while decisions wait for dispatch, pull nothing new in (the
+        # undelivered list is carried across continue-as-new and must stay bounded).
+        if len(self._out_admit) + len(self._out_reject) >= MAX_UNDELIVERED:
+            return dict.fromkeys(self._core.queues, 0)
         for name in self._core.queues:
             w = self._core.waiting_count(name)
             want = (f"q:{name}" in self._nudged and w < WINDOW) or (
