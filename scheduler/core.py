@@ -499,6 +499,9 @@ class Scheduler:
         self._orders: dict[tuple[Any, int], list[ClusterState]] = {}
         self._cands: dict[tuple[Any, int], list[ClusterState]] = {}
         self._fit_cache: dict[tuple[int, int, bool], tuple[Any, ...]] = {}
+        # Per cluster: its releases in time order as of (state, version, env epoch, now),
+        # shared by the projections of every demand there (see ``_releases``).
+        self._rel_cache: dict[int, tuple[Any, ...]] = {}
         self._horizon = _INF
         self._effects: list[tuple[Any, ...]] = []
         self._prev_effects: list[tuple[Any, ...]] = []
@@ -828,6 +831,7 @@ class Scheduler:
             q.last_sig = None
             q.cap_pos = -1
         self._fit_cache.clear()
+        self._rel_cache.clear()
 
     def _settle_status(self, q: _Queue) -> None:
         if q.spec.status is QueueStatus.draining and not q.waiting and q.running == 0:
@@ -1743,10 +1747,35 @@ class Scheduler:
         Returns (time, EASY's projected extra or None), or None if it cannot be computed
         (a running action with no estimate) or never fits.
         """
+        releases = self._releases(c, now)
+        if releases is None:
+            return None
+        need = Usage()
+        for p, k in runs:
+            need.add_pod(p.scaled(k))
+        return self._project_from(c, runs, now, easy, releases, need)
+
+    def _releases(
+        self, c: ClusterState, now: float
+    ) -> list[tuple[float, int, Runs, list[int], Usage]] | None:
+        """What running work on ``c`` gives back and when, in time order (None: a running
+        action has no estimate). The same for every demand projected on ``c`` until its
+        capacity, the environments or the clock move: computed once for all of them."""
+        hit = self._rel_cache.get(c.index)
+        if (
+            hit is not None
+            and hit[0] is c
+            and hit[1] == c.version
+            and hit[2] == self._env_epoch
+            and hit[3] == now
+        ):
+            cached: list[tuple[float, int, Runs, list[int], Usage]] | None = hit[4]
+            return cached
         releases: list[tuple[float, int, Runs, list[int], Usage]] = []
         for a in self.on_cluster.get(c.name, {}).values():
             t = self._release_time(a, now)
             if t is None:
+                self._rel_cache[c.index] = (c, c.version, self._env_epoch, now, None)
                 return None
             if a.nodes:
                 releases.append((t, a.seq, a.runs, a.nodes, a.usage))
@@ -1762,9 +1791,18 @@ class Scheduler:
                 t = inst.expires_at if inst.expires_at is not None else now
             releases.append((max(t, now), -1, inst.runs, inst.nodes, inst.usage))
         releases.sort(key=lambda r: (r[0], r[1]))
-        need = Usage()
-        for p, k in runs:
-            need.add_pod(p.scaled(k))
+        self._rel_cache[c.index] = (c, c.version, self._env_epoch, now, releases)
+        return releases
+
+    def _project_from(
+        self,
+        c: ClusterState,
+        runs: Runs,
+        now: float,
+        easy: bool,
+        releases: list[tuple[float, int, Runs, list[int], Usage]],
+        need: Usage,
+    ) -> tuple[float, ClusterState | None] | None:
         fcpu, fmem, feph, fgpu = c.tcpu, c.tmem, c.teph, c.tgpu
         proj: ClusterState | None = None
         applied = 0
