@@ -567,7 +567,9 @@ class Scheduler:
             if not a.nodes:
                 continue
             remapped = [index.get(old_names[i], -1) if i < len(old_names) else -1 for i in a.nodes]
-            if a.id in done and all(i >= 0 for i in remapped):
+            if a.id in done:
+                # The report already counts these pods: never take them again. A node it
+                # no longer names (-1) has nothing of ours left to give back.
                 a.nodes = remapped
                 continue
             if all(i >= 0 for i in remapped):
@@ -1141,8 +1143,17 @@ class Scheduler:
                 own_h.add(e[1])
             else:
                 own_r[e[1]] = own_r.get(e[1], 0) + 1
-        names = set().union(*rooms.values())
-        return {n: self._view(n, n in own_h, own_r.get(n, 0)) for n in names}
+        holds, resv = self._holds, self._resv
+        out: dict[str, tuple[Any, ...]] = {}
+        for n in set().union(*rooms.values()):
+            # Inline ``_view``'s common answers: most clusters are held, or bare.
+            if n in holds and n not in own_h:
+                out[n] = _HELD
+            elif n not in resv:
+                out[n] = _OPEN
+            else:
+                out[n] = self._view(n, n in own_h, own_r.get(n, 0))
+        return out
 
     def _resv_still(self, rec: _ResvRecord, changed: set[str] | frozenset[str], now: float) -> bool:
         """Would ``_reserve`` still reserve ``rec.where`` at ``rec.time`` and hold
