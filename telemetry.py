@@ -25,6 +25,9 @@ activities and signals form one trace. Nothing is exported unless asked:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 import threading
 import time
@@ -43,7 +46,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-__all__ = ["Telemetry", "get", "interceptors", "setup"]
+__all__ = ["Telemetry", "fleet_gauges", "get", "interceptors", "poll_schedulers", "setup"]
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _current: Telemetry | None = None
@@ -178,6 +183,60 @@ class Telemetry:
             for cluster, info in fleet.items():
                 known = info.get("known", True) if isinstance(info, Mapping) else True
                 yield Observation(0 if known else 1, {"tenant": tenant, "cluster": cluster})
+
+
+async def poll_schedulers(
+    client: Any,
+    *,
+    tenants: Sequence[str] = (),
+    interval_s: float = 10.0,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Feed the queue and cluster gauges from each shard scheduler's queries.
+
+    The gauges read the scheduler's own state (its ``queues`` and ``fleet`` queries), so
+    a dashboard can never disagree with the pass that decides. ``tenants`` empty: every
+    running scheduler workflow, found through visibility.
+    """
+    from headway import protocol
+    from headway.workflows import client as hw
+
+    stop = stop or asyncio.Event()
+    prefix = protocol.scheduler_workflow_id("")
+    while not stop.is_set():
+        names = list(tenants)
+        if not names:
+            try:
+                async for wf in client.list_workflows(
+                    "WorkflowType = 'SchedulerWorkflow' AND ExecutionStatus = 'Running'"
+                ):
+                    if wf.id.startswith(prefix):
+                        names.append(wf.id[len(prefix) :])
+            except Exception as exc:  # visibility can lag or be unavailable
+                log.debug("listing schedulers failed: %s", exc)
+        t = get()
+        for tenant in names:
+            try:
+                t.update_queue_stats(tenant, await hw.get_queues(client, tenant))
+                fleet = await hw.get_fleet(client, tenant)
+                t.update_fleet(tenant, fleet_gauges(fleet))
+            except Exception as exc:  # a scheduler mid continue-as-new, or gone
+                log.debug("polling scheduler %s failed: %s", tenant, exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
+
+
+def fleet_gauges(fleet: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The scheduler's ``fleet`` query reshaped for ``update_fleet``."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, cap in (fleet.get("capacity") or {}).items():
+        out[name] = {
+            "known": bool(cap.get("known", True)),
+            "free": {"gpu": cap.get("free_gpu", 0), "cpu_m": cap.get("free_cpu_m", 0)}
+            if cap.get("known", True)
+            else None,
+        }
+    return out
 
 
 def setup(

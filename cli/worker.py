@@ -77,9 +77,16 @@ def control_plane(ctx: click.Context, fleet_path: str | None, database_url: str 
     telemetry.setup("headway-control-plane")
 
     async def body(client: Client, stop: asyncio.Event) -> None:
-        await run_control_plane_worker(
-            client, database_url=database_url, fleet=list(fleet.clusters), stop=stop
-        )
+        # The gauges (waiting by reason, blocked heads, free capacity) come from the
+        # schedulers' own queries, polled beside the worker.
+        poller = asyncio.create_task(telemetry.poll_schedulers(client, stop=stop))
+        try:
+            await run_control_plane_worker(
+                client, database_url=database_url, fleet=list(fleet.clusters), stop=stop
+            )
+        finally:
+            stop.set()
+            await poller
 
     asyncio.run(_serve(cfg, body))
 

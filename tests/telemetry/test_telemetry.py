@@ -112,3 +112,46 @@ async def test_workflows_are_traced_through_the_client_interceptor(
     assert out == "hello x"
     names = [s.name for s in spans.get_finished_spans()]
     assert "StartWorkflow:TracedHello" in names and "RunWorkflow:TracedHello" in names
+
+
+@pytest.mark.asyncio
+async def test_poller_feeds_gauges_from_the_scheduler_queries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from headway.workflows import client as hw
+
+    reader = InMemoryMetricReader()
+    telemetry.setup("test", readers=[reader], exporter="none")
+    stop = asyncio.Event()
+
+    async def get_queues(client: object, tenant: str) -> dict[str, Any]:
+        return {
+            "q": {
+                "waiting": 3,
+                "running": 1,
+                "blocked_head": "g",
+                "waiting_by_reason": {"HeldForGang": 3},
+            }
+        }
+
+    async def get_fleet(client: object, tenant: str) -> dict[str, Any]:
+        stop.set()
+        return {
+            "capacity": {
+                "c1": {"known": True, "free_gpu": 4, "free_cpu_m": 8000},
+                "c2": {"known": False},
+            }
+        }
+
+    monkeypatch.setattr(hw, "get_queues", get_queues)
+    monkeypatch.setattr(hw, "get_fleet", get_fleet)
+    await asyncio.wait_for(
+        telemetry.poll_schedulers(object(), tenants=["acme"], interval_s=0.01, stop=stop), 5
+    )
+    assert points(reader, "headway.queue.running") == [({"tenant": "acme", "queue": "q"}, 1)]
+    free = {
+        (p[0]["cluster"], p[0]["resource"]): p[1] for p in points(reader, "headway.cluster.free")
+    }
+    assert free == {("c1", "gpu"): 4, ("c1", "cpu_m"): 8000}
