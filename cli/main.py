@@ -10,6 +10,7 @@ import click
 from headway import __version__, protocol
 
 from ._common import ADDRESS_ENV, DEFAULT_ADDRESS, Settings
+from .insight import forecast, what_if
 from .queues import create, get, update
 from .server import server
 from .submit import submit, why
@@ -41,7 +42,7 @@ def cli(ctx: click.Context, address: str, namespace: str, tenant: str) -> None:
     ctx.obj = Settings(address=address, namespace=namespace, tenant=tenant)
 
 
-for command in (server, worker, up, create, update, get, submit, why):
+for command in (server, worker, up, create, update, get, submit, why, forecast, what_if):
     cli.add_command(command)
 
 try:

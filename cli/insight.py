@@ -1,0 +1,165 @@
+"""``headway forecast`` and ``headway what-if``: start times and live what-if, client-side.
+
+Both fetch the shard scheduler's state (its ``snapshot`` query: the core's snapshot and
+the scheduler's clock) and run the very same core forward on a local copy, so they cost
+the scheduler one query and can never disagree with it given the same estimates.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import click
+from headway import protocol
+from headway.scheduler import Scheduler
+from headway.scheduler.insight import forecast as run_forecast
+from headway.scheduler.model import QueueSpec
+
+from ._common import settings, with_client
+from ._specs import queue_to_entry
+from .queues import _apply_flags, _checked, _queue_options
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+__all__ = ["forecast", "what_if"]
+
+
+async def fetch_snapshot(client: Client, tenant: str) -> tuple[Scheduler, float]:
+    """The tenant scheduler's live state as a local ``Scheduler`` copy, and its clock."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    handle = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    try:
+        data: dict[str, Any] = await handle.query("snapshot")
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise click.ClickException(
+                f"tenant {tenant!r} has no scheduler yet (create a queue or submit first)"
+            ) from exc
+        raise
+    return Scheduler.from_snapshot(data["snapshot"]), float(data["now"])
+
+
+def _runtime_option(f: Any) -> Any:
+    return click.option(
+        "--default-runtime",
+        type=click.FloatRange(min=0.0),
+        default=3600.0,
+        show_default=True,
+        help="Seconds assumed for work that declares no estimate and has no history.",
+    )(f)
+
+
+def _fmt(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return "now"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+@click.command("forecast")
+@click.option("--queue", "queue", help="Only this queue's actions.")
+@_runtime_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def forecast(ctx: click.Context, queue: str | None, default_runtime: float, as_json: bool) -> None:
+    """When will each waiting action start? Runs the scheduler forward on a copy of its
+    live state, with runtime estimates standing in for durations."""
+    cfg = settings(ctx)
+
+    async def go(client: Client) -> tuple[Scheduler, float]:
+        return await fetch_snapshot(client, cfg.tenant)
+
+    sched, now = with_client(cfg, go)
+    f = run_forecast(sched, now, default_runtime=default_runtime)
+    rows: list[dict[str, Any]] = []
+    for q in sched.queues.values():
+        if queue is not None and q.spec.name != queue:
+            continue
+        for a in q.waiting:
+            start = f.starts.get(a.id)
+            rows.append(
+                {
+                    "action": a.id,
+                    "queue": q.spec.name,
+                    "reason": a.last,
+                    "starts_in_s": None if start is None else start - now,
+                    "cluster": f.clusters.get(a.id),
+                }
+            )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("nothing is waiting")
+        return
+    click.echo(f"{'ACTION':<28} {'QUEUE':<16} {'REASON':<20} {'STARTS IN':>10}  CLUSTER")
+    for r in rows:
+        click.echo(
+            f"{r['action']:<28} {r['queue']:<16} {r['reason'] or '-':<20}"
+            f" {_fmt(r['starts_in_s']):>10}  {r['cluster'] or '-'}"
+        )
+
+
+@click.command("what-if")
+@click.argument("name")
+@_queue_options
+@click.option("--clear-cluster", is_flag=True, help="As if the queue could use any cluster.")
+@_runtime_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def what_if(
+    ctx: click.Context,
+    /,
+    name: str,
+    clear_cluster: bool,
+    default_runtime: float,
+    as_json: bool,
+    **flags: Any,
+) -> None:
+    """What if queue NAME had these settings? Forecasts every waiting action before and
+    after the change (same flags as ``update queue``), without applying it."""
+    cfg = settings(ctx)
+    _checked(_apply_flags({"name": name}, flags))  # bad flags fail before any round trip
+
+    async def go(client: Client) -> tuple[Scheduler, float]:
+        return await fetch_snapshot(client, cfg.tenant)
+
+    sched, now = with_client(cfg, go)
+    current = sched.queues.get(name)
+    if current is None:
+        raise click.ClickException(f"queue {name!r} does not exist (see `headway get queues`)")
+    entry = _apply_flags(queue_to_entry(current.spec), flags)
+    if clear_cluster:
+        entry["clusters"] = None
+    new: QueueSpec = _checked(entry)
+    before = run_forecast(sched, now, default_runtime=default_runtime)
+    alt = Scheduler.from_snapshot(sched.to_snapshot())
+    alt.upsert_queue(new)
+    after = run_forecast(alt, now, default_runtime=default_runtime)
+    rows: list[dict[str, Any]] = []
+    for aid, b in before.starts.items():
+        a2 = after.starts.get(aid)
+        rows.append(
+            {
+                "action": aid,
+                "queue": sched.actions[aid].queue,
+                "before_s": None if b is None else b - now,
+                "after_s": None if a2 is None else a2 - now,
+            }
+        )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    moved = [r for r in rows if r["before_s"] != r["after_s"]]
+    click.echo(f"{len(moved)} of {len(rows)} waiting actions would start at a different time")
+    for r in moved:
+        click.echo(
+            f"  {r['action']:<28} {r['queue']:<16} {_fmt(r['before_s']):>10} ->"
+            f" {_fmt(r['after_s'])}"
+        )
