@@ -1481,15 +1481,16 @@ class Scheduler:
         infeasible = self._infeasible
         feasible = self._feasible
         nr_key = (q.spec.clusters, dkey)
+        checked = False  # every cluster of ``order`` is known to have room
         if nr_key in self._noroom:
             order = []
         elif pref is not None:
             order = self._placement_order(v.elig, pref)
         elif self.incremental:
             # The order depends on the selector and on what was admitted (the pass
-            # fixes health); clusters known unable to hold this demand are skipped
-            # below anyway: drop them once per pass, demand and admission, not per
-            # action (they are still checked: the set only grows).
+            # fixes health), and so does which clusters have room (within a pass only
+            # an admission changes capacity): keep just those, once per pass, demand
+            # and admission, so that walks need not ask each cluster again.
             ok = (nr_key, self._admissions)
             cands = self._cands.get(ok)
             if cands is None:
@@ -1497,9 +1498,9 @@ class Scheduler:
                 base = self._orders.get(bk)
                 if base is None:
                     base = self._orders[bk] = self._placement_order(v.elig, None)
-                cands = [c for c in base if not c.known or (c.index, dkey) not in infeasible]
-                self._cands[ok] = cands
+                cands = self._cands[ok] = [c for c in base if self._room(c, dkey, runs)]
             order = cands
+            checked = True
         else:
             if v.order is None or v.order_ver != self._admissions:
                 v.order = self._placement_order(v.elig, None)
@@ -1510,7 +1511,7 @@ class Scheduler:
         chosen: ClusterState | None = None
         extras: list[ClusterState] = []
         for c in order:
-            if c.known:
+            if c.known and not checked:
                 ik = (c.index, dkey)
                 if ik in infeasible:
                     continue
