@@ -378,3 +378,36 @@ def _drive_completions(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
 def test_driven_completions_match_the_plain_loop(seed: int) -> None:
     sc = completion_scenario(9000 + seed)
     assert _drive_completions(sc, seed, True) == _drive_completions(sc, seed, False)
+
+
+def _drive_bursts(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
+    """Several completions at one instant before each pass (admissions within a pass,
+    so the clusters with room change between the walks of one visit; reservations
+    projected for several demands on a cluster at one clock), now and then a full pass
+    (``invalidate``) as after a fleet-wide change."""
+    rng = random.Random(seed)
+    s = Scheduler(sc.clusters, sc.queues, sc.org, sc.environments, incremental=incremental)
+    log: list[Any] = []
+    now = 0.0
+    for wi in sorted(sc.workload, key=lambda w: (w.spec.submit, w.spec.seq)):
+        log.append(("submit", wi.spec.id, s.submit(wi.spec, now)))
+    running = [a.action_id for a in s.schedule(now)]
+    for _ in range(120):
+        if not running:
+            break
+        now += rng.choice([0.0, 5.0, 30.0])
+        for _ in range(min(len(running), rng.randint(1, 5))):
+            s.finish(running.pop(rng.randrange(len(running))), now, record=rng.random() < 0.7)
+        if rng.random() < 0.2:
+            s.invalidate()
+        adm = s.schedule(now)
+        running.extend(a.action_id for a in adm)
+        log.append(("adm", now, adm))
+        log.append(("why", sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())))
+    return log
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_completion_bursts_match_the_plain_loop(seed: int) -> None:
+    sc = completion_scenario(13000 + seed)
+    assert _drive_bursts(sc, seed, True) == _drive_bursts(sc, seed, False)
