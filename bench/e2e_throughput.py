@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headway import protocol
 from headway.protocol import DemandRequest, SubmitRequest
 from headway.store import LeaseStore
-from headway.worker.control_plane import build_control_plane_worker
+from headway.worker.control_plane import WORKER_TUNING, build_control_plane_worker
 from headway.workflows import client as hw
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -95,7 +95,14 @@ async def main() -> None:
     tenant = "bench"
     try:
         async with (
-            Worker(client, task_queue=BARE_QUEUE, workflows=[BareWorkflow], activities=[noop]),
+            # Same slot tuning as the control-plane worker (fair comparison).
+            Worker(
+                client,
+                task_queue=BARE_QUEUE,
+                workflows=[BareWorkflow],
+                activities=[noop],
+                **WORKER_TUNING,
+            ),
             build_control_plane_worker(client, store, fleet),
             Worker(
                 client,

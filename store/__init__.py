@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from .leases import DEFAULT_DATABASE_URL, DONE_CHANNEL, LeaseStore, SyncResult, queue_channel
-from .models import Base, LeaseRow, ShardFlag
+from .models import AdmissionRow, Base, LeaseRow, ShardFlag
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
     "DONE_CHANNEL",
+    "AdmissionRow",
     "Base",
     "LeaseRow",
     "LeaseStore",

@@ -43,7 +43,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.pool import StaticPool
 
-from .models import Base, LeaseRow, ShardFlag
+from .models import AdmissionRow, Base, LeaseRow, ShardFlag
 
 __all__ = ["DEFAULT_DATABASE_URL", "DONE_CHANNEL", "LeaseStore", "SyncResult", "queue_channel"]
 
@@ -197,6 +197,11 @@ class LeaseStore:
             raise ValueError(f"kind: {kind!r} is not one of finished, cancelled, rejected")
         key = (LeaseRow.tenant == tenant) & (LeaseRow.action_id == action_id)
         with self._lock, self.engine.begin() as conn:
+            conn.execute(
+                delete(AdmissionRow).where(
+                    (AdmissionRow.tenant == tenant) & (AdmissionRow.action_id == action_id)
+                )
+            )
             if kind == "rejected":
                 conn.execute(delete(LeaseRow).where(key))
                 return False
@@ -213,6 +218,45 @@ class LeaseStore:
                 row = conn.execute(select(LeaseRow.done_claim).where(key)).first()
                 return row is not None and row[0] is None
             return self._flip(conn, tenant, DONE_CHANNEL) or False
+
+    # --- in-process admissions -------------------------------------------------------
+
+    def record_admissions(self, tenant: str, admissions: Mapping[str, Mapping[str, Any]]) -> None:
+        """Durably record admissions about to be handed over in-process (not signalled).
+
+        A retried first workflow task of such an action reads its admission back with
+        :meth:`admission`. Idempotent (a retried dispatch rewrites the same rows).
+        """
+        if not admissions:
+            return
+        table = cast(Table, AdmissionRow.__table__)
+        with self._lock, self.engine.begin() as conn:
+            conn.execute(
+                delete(AdmissionRow).where(
+                    (AdmissionRow.tenant == tenant) & AdmissionRow.action_id.in_(list(admissions))
+                )
+            )
+            conn.execute(
+                table.insert(),
+                [
+                    {
+                        "tenant": tenant,
+                        "action_id": a,
+                        "admission": json.dumps(dict(d), separators=(",", ":")),
+                    }
+                    for a, d in admissions.items()
+                ],
+            )
+
+    def admission(self, tenant: str, action_id: str) -> dict[str, Any] | None:
+        """The admission recorded for ``action_id`` by :meth:`record_admissions`, if any."""
+        with self._lock, self.engine.connect() as conn:
+            row = conn.execute(
+                select(AdmissionRow.admission).where(
+                    (AdmissionRow.tenant == tenant) & (AdmissionRow.action_id == action_id)
+                )
+            ).first()
+        return cast(dict[str, Any], json.loads(row[0])) if row else None
 
     # --- the scheduler ------------------------------------------------------------
 
@@ -245,6 +289,11 @@ class LeaseStore:
                 conn.execute(
                     delete(LeaseRow).where(
                         (LeaseRow.tenant == tenant) & LeaseRow.action_id.in_(list(forget))
+                    )
+                )
+                conn.execute(
+                    delete(AdmissionRow).where(
+                        (AdmissionRow.tenant == tenant) & AdmissionRow.action_id.in_(list(forget))
                     )
                 )
             prior = self._claimed_by(conn, tenant, token)

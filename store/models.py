@@ -14,6 +14,9 @@ windows:
   nudges the scheduler only when it flips a flag from false to true; the scheduler clears
   a flag in the same transaction in which it reads that channel. That is what turns a
   million submissions into a handful of signals.
+* ``headway_admissions``: an admission handed to an action's workflow in-process (inside
+  its first workflow task's local activity) instead of by signal. The row makes that
+  hand-over durable: a retried first task reads it back. Deleted with the lease's end.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Boolean, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "LeaseRow", "ShardFlag"]
+__all__ = ["AdmissionRow", "Base", "LeaseRow", "ShardFlag"]
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL wants a 64-bit key for a
 # table that may see billions of inserts over its life.
@@ -65,3 +68,13 @@ class ShardFlag(Base):
     tenant: Mapped[str] = mapped_column(String(200), primary_key=True)
     channel: Mapped[str] = mapped_column(String(210), primary_key=True)
     dirty: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class AdmissionRow(Base):
+    """An admission delivered in-process to a waiting action (see ``record_admissions``)."""
+
+    __tablename__ = "headway_admissions"
+
+    tenant: Mapped[str] = mapped_column(String(200), primary_key=True)
+    action_id: Mapped[str] = mapped_column(String(400), primary_key=True)
+    admission: Mapped[str] = mapped_column(Text)  # protocol.Admission as JSON

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import TypedDict
 
 from headway import protocol
 from headway.activities.dispatch import DispatchActivities
-from headway.activities.store import StoreActivities
+from headway.activities.store import AdmissionWaiters, StoreActivities
 from headway.scheduler.model import ClusterSpec
 from headway.store import LeaseStore
 from headway.workflows.action import ActionWorkflow
@@ -21,7 +22,27 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-__all__ = ["build_control_plane_worker", "run_control_plane_worker"]
+__all__ = [
+    "WORKER_TUNING",
+    "WorkerTuning",
+    "build_control_plane_worker",
+    "run_control_plane_worker",
+]
+
+
+class WorkerTuning(TypedDict):
+    """Slot sizes of the control-plane worker (benchmarks give bare Temporal the same)."""
+
+    max_concurrent_workflow_tasks: int
+    max_concurrent_activities: int
+    max_concurrent_local_activities: int
+
+
+WORKER_TUNING = WorkerTuning(
+    max_concurrent_workflow_tasks=400,
+    max_concurrent_activities=200,
+    max_concurrent_local_activities=400,
+)
 
 
 def build_control_plane_worker(
@@ -39,13 +60,16 @@ def build_control_plane_worker(
         fleet: clusters known up front; passed to a scheduler workflow when one starts.
         task_queue: override for tests.
     """
-    store_acts = StoreActivities(store, client, fleet)
+    # Waiters hold a workflow task slot while they wait: keep at most half the slots for
+    # them so the scheduler's own tasks always find one.
+    waiters = AdmissionWaiters(limit=WORKER_TUNING["max_concurrent_workflow_tasks"] // 2)
+    store_acts = StoreActivities(store, client, fleet, waiters)
     # Headway's modules hold no mutable module state, so the sandbox may share them
     # instead of re-importing them for every new workflow run (thousands per second).
     runner = SandboxedWorkflowRunner(
         restrictions=SandboxRestrictions.default.with_passthrough_modules("headway")
     )
-    dispatch = DispatchActivities(client)
+    dispatch = DispatchActivities(client, store=store, waiters=waiters)
     return Worker(
         client,
         task_queue=task_queue,
@@ -53,13 +77,13 @@ def build_control_plane_worker(
         workflow_runner=runner,
         activities=[
             store_acts.put_lease,
+            store_acts.put_lease_wait,
             store_acts.finish_lease,
             store_acts.sync,
             store_acts.fleet_specs,
             dispatch.dispatch,
         ],
-        max_concurrent_activities=200,
-        max_concurrent_local_activities=200,
+        **WORKER_TUNING,
     )
 
 

@@ -56,9 +56,11 @@ with workflow.unsafe.imports_passed_through():
     from headway.workflows.shared import (
         FINISH_LEASE_ACTIVITY,
         PUT_LEASE_ACTIVITY,
+        PUT_LEASE_WAIT_ACTIVITY,
         REJECT_SIGNAL,
         FinishLeaseInput,
         PutLeaseInput,
+        PutLeaseOutput,
         Rejection,
     )
 
@@ -66,6 +68,9 @@ __all__ = ["SA", "ActionResult", "ActionStatus", "ActionWorkflow"]
 
 #: Typed search attribute keys (all Keyword), by ``protocol.SEARCH_ATTRIBUTES`` name.
 SA = {name: SearchAttributeKey.for_keyword(name) for name in protocol.SEARCH_ATTRIBUTES}
+
+#: How long the first task's local activity waits for the admission in-process.
+ADMIT_WAIT_S = 2.0
 
 #: Events kept on the workflow for the ``state`` query (the oldest are dropped first,
 #: the terminal one is always kept).
@@ -212,20 +217,35 @@ class ActionWorkflow:
             environment=req.environment,
             kind=kind,
         )
+        lease = PutLeaseInput(
+            tenant=req.tenant,
+            action_id=req.action_id,
+            queue=req.queue,
+            workflow_id=info.workflow_id,
+            spec=spec.to_dict(),
+            submitted_at=now,
+        )
         try:
-            await workflow.execute_local_activity(
-                PUT_LEASE_ACTIVITY,
-                PutLeaseInput(
-                    tenant=req.tenant,
-                    action_id=req.action_id,
-                    queue=req.queue,
-                    workflow_id=info.workflow_id,
-                    spec=spec.to_dict(),
-                    submitted_at=now,
-                ),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
-            )
+            if workflow.patched("admit-in-first-task"):
+                # Write the lease and wait briefly for the admission in-process: when it
+                # comes, the cluster activity is scheduled in this same workflow task.
+                lease.wait_s = ADMIT_WAIT_S
+                out: PutLeaseOutput = await workflow.execute_local_activity(
+                    PUT_LEASE_WAIT_ACTIVITY,
+                    lease,
+                    result_type=PutLeaseOutput,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+                )
+                if out.admission is not None:
+                    self.admit(out.admission)
+            else:
+                await workflow.execute_local_activity(
+                    PUT_LEASE_ACTIVITY,
+                    lease,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+                )
             st.state, st.reason = "waiting", "Waiting"
             if not self._lean:
                 self._publish()

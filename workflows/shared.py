@@ -19,6 +19,7 @@ __all__ = [
     "FLEET_ACTIVITY",
     "NUDGE_SIGNAL",
     "PUT_LEASE_ACTIVITY",
+    "PUT_LEASE_WAIT_ACTIVITY",
     "REJECT_SIGNAL",
     "SYNC_ACTIVITY",
     "AdmitItem",
@@ -26,6 +27,7 @@ __all__ = [
     "DispatchResult",
     "FinishLeaseInput",
     "PutLeaseInput",
+    "PutLeaseOutput",
     "RejectItem",
     "Rejection",
     "SchedulerInput",
@@ -35,6 +37,8 @@ __all__ = [
 
 #: Activity names (implementations in ``headway.activities.store`` / ``.dispatch``).
 PUT_LEASE_ACTIVITY = "headway.store.put_lease"
+#: put_lease, then wait briefly for the admission in-process (see ``PutLeaseInput.wait_s``).
+PUT_LEASE_WAIT_ACTIVITY = "headway.store.put_lease_wait"
 FINISH_LEASE_ACTIVITY = "headway.store.finish_lease"
 SYNC_ACTIVITY = "headway.store.sync"
 DISPATCH_ACTIVITY = "headway.control.dispatch"
@@ -89,6 +93,16 @@ class PutLeaseInput:
     workflow_id: str
     spec: dict[str, Any]
     submitted_at: float
+    #: ``put_lease_wait`` only: wait up to this long for the admission in-process.
+    wait_s: float = 0.0
+
+
+@dataclass
+class PutLeaseOutput:
+    """Result of ``put_lease_wait``: the admission if it came while waiting."""
+
+    nudged: bool = False
+    admission: Admission | None = None
 
 
 @dataclass
