@@ -18,7 +18,8 @@ events; it never polls. Temporal's limits shape everything here:
   action: they write the store and nudge only when a store flag flips (see
   ``headway.activities.store``); ends come back through the same sync.
 * **Batched outbound signals.** Admissions and rejections of one or more passes go to
-  one dispatch activity call (``headway.activities.dispatch``), at most
+  one dispatch activity call (``headway.activities.dispatch``; a *local* one for
+  batches up to ``LOCAL_DISPATCH_MAX``, so a small pass costs one workflow task), at most
   ``MAX_DISPATCH_INFLIGHT`` at a time; while they run, new decisions accumulate into the
   next batch. The workflow thus stays far below 2,000 pending outbound operations.
 * **Continue-as-new** when Temporal suggests it (or the history passes
@@ -79,6 +80,9 @@ MAX_SYNCS_PER_ITERATION = 4
 #: Decisions per dispatch activity call.
 DISPATCH_BATCH = 1000
 MAX_DISPATCH_INFLIGHT = 4
+#: Batches up to this size (and without probes) are dispatched by a *local* activity in
+#: the pass's own workflow task: no activity task round trip, no extra workflow task.
+LOCAL_DISPATCH_MAX = 100
 #: Undelivered decisions above which window refills pause.
 MAX_UNDELIVERED = DISPATCH_BATCH * MAX_DISPATCH_INFLIGHT
 #: Running actions are probed for a vanished workflow after this long, then again.
@@ -451,17 +455,31 @@ class SchedulerWorkflow:
     def _start_dispatch(self, batch: DispatchBatch) -> None:
         self._inflight += 1
         self._stats["dispatches"] += 1
-        self._spawn(self._dispatch(batch))
+        small = (
+            not batch.probe and len(batch.admissions) + len(batch.rejections) <= LOCAL_DISPATCH_MAX
+        )
+        local = small and workflow.patched("local-dispatch")
+        self._spawn(self._dispatch(batch, local))
 
-    async def _dispatch(self, batch: DispatchBatch) -> None:
+    async def _dispatch(self, batch: DispatchBatch, local: bool = False) -> None:
         try:
-            res: DispatchResult = await workflow.execute_activity(
-                DISPATCH_ACTIVITY,
-                batch,
-                result_type=DispatchResult,
-                start_to_close_timeout=timedelta(seconds=120),
-                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
-            )
+            res: DispatchResult
+            if local:
+                res = await workflow.execute_local_activity(
+                    DISPATCH_ACTIVITY,
+                    batch,
+                    result_type=DispatchResult,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+                )
+            else:
+                res = await workflow.execute_activity(
+                    DISPATCH_ACTIVITY,
+                    batch,
+                    result_type=DispatchResult,
+                    start_to_close_timeout=timedelta(seconds=120),
+                    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+                )
         finally:
             self._inflight -= 1
             self._changed = True
