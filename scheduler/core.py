@@ -1767,15 +1767,6 @@ class Scheduler:
             need.add_pod(p.scaled(k))
         return self._project_from(c, runs, now, easy, releases, need)
 
-    def _prefix(self, c: ClusterState, i: int) -> ClusterState:
-        """``c`` with its first ``i`` releases given back (``_releases``' order), shared
-        by every demand projected there: callers clone it before changing it."""
-        hit = self._rel_cache[c.index]
-        got: ClusterState | None = hit[5].get(i)
-        if got is None:
-            got = hit[5][i] = c.projected([(r[2], r[3]) for r in hit[4][:i]])
-        return got
-
     def _releases(
         self, c: ClusterState, now: float
     ) -> list[tuple[float, int, Runs, list[int], Usage]] | None:
@@ -1796,7 +1787,7 @@ class Scheduler:
         for a in self.on_cluster.get(c.name, {}).values():
             t = self._release_time(a, now)
             if t is None:
-                self._rel_cache[c.index] = (c, c.version, self._env_epoch, now, None, {})
+                self._rel_cache[c.index] = (c, c.version, self._env_epoch, now, None)
                 return None
             if a.nodes:
                 releases.append((t, a.seq, a.runs, a.nodes, a.usage))
@@ -1812,7 +1803,7 @@ class Scheduler:
                 t = inst.expires_at if inst.expires_at is not None else now
             releases.append((max(t, now), -1, inst.runs, inst.nodes, inst.usage))
         releases.sort(key=lambda r: (r[0], r[1]))
-        self._rel_cache[c.index] = (c, c.version, self._env_epoch, now, releases, {})
+        self._rel_cache[c.index] = (c, c.version, self._env_epoch, now, releases)
         return releases
 
     def _project_from(
@@ -1826,7 +1817,6 @@ class Scheduler:
     ) -> tuple[float, ClusterState | None] | None:
         fcpu, fmem, feph, fgpu = c.tcpu, c.tmem, c.teph, c.tgpu
         proj: ClusterState | None = None
-        shared = False  # ``proj`` is the cached prefix itself (see ``_prefix``)
         applied = 0
         i = 0
         n = len(releases)
@@ -1843,18 +1833,11 @@ class Scheduler:
             if fcpu < need.cpu or fmem < need.memory or feph < need.eph or fgpu < need.gpu:
                 continue
             if proj is None:
-                proj = self._prefix(c, i)
-                shared = True
+                proj = c.projected([(r[2], r[3]) for r in releases[:i]])
             else:
-                if shared:
-                    proj = proj.clone()
-                    shared = False
                 for r in releases[applied:i]:
                     proj.give(r[2], r[3])
             applied = i
-            if easy and shared:
-                proj = proj.clone()
-                shared = False
             # The projection is scratch: with EASY, placing the head in it for real
             # leaves exactly the extra it does not need.
             if proj.place(runs, commit=easy) is not None:
