@@ -103,8 +103,8 @@ class ClusterState:
         self._regroup()
         self.version += 1
 
-    def clone(self) -> ClusterState:
-        """A scratch copy of the free state, for projections."""
+    def _shell(self) -> ClusterState:
+        """A copy sharing the immutable parts (spec, nodes); free state left to the caller."""
         c = ClusterState.__new__(ClusterState)
         c.spec = self.spec
         c.name = self.name
@@ -115,6 +115,11 @@ class ClusterState:
         c.node_names = self.node_names
         c.cap = self.cap
         c.gtype = self.gtype
+        return c
+
+    def clone(self) -> ClusterState:
+        """A scratch copy of the free state, for projections."""
+        c = self._shell()
         c.fcpu = self.fcpu[:]
         c.fmem = self.fmem[:]
         c.feph = self.feph[:]
@@ -129,16 +134,7 @@ class ClusterState:
         Cheaper than ``clone`` then ``give`` per release: free vectors are summed per
         node and the groups are rebuilt once.
         """
-        c = ClusterState.__new__(ClusterState)
-        c.spec = self.spec
-        c.name = self.name
-        c.index = self.index
-        c.known = self.known
-        c.healthy = self.healthy
-        c.version = self.version
-        c.node_names = self.node_names
-        c.cap = self.cap
-        c.gtype = self.gtype
+        c = self._shell()
         fc, fm, fe, fg = self.fcpu[:], self.fmem[:], self.feph[:], self.fgpu[:]
         n_nodes = len(fc)
         for runs, nodes in releases:
