@@ -123,21 +123,50 @@ class LeaseStore:
             already existed (a retried call whose nudge may not have gone out).
         """
         with self._lock, self.engine.begin() as conn:
-            inserted = self._insert_ignore(
-                conn,
-                LeaseRow,
-                {
-                    "tenant": tenant,
-                    "action_id": action_id,
-                    "queue": queue,
-                    "workflow_id": workflow_id,
-                    "spec": json.dumps(dict(spec), separators=(",", ":")),
-                    "submitted_at": submitted_at,
-                    "status": "pending",
-                },
-            )
-            flipped = self._flip(conn, tenant, queue_channel(queue))
+            return self._put_lease(conn, tenant, action_id, queue, workflow_id, spec, submitted_at)
+
+    def _put_lease(
+        self,
+        conn: Connection,
+        tenant: str,
+        action_id: str,
+        queue: str,
+        workflow_id: str,
+        spec: Mapping[str, Any],
+        submitted_at: float,
+    ) -> bool:
+        inserted = self._insert_ignore(
+            conn,
+            LeaseRow,
+            {
+                "tenant": tenant,
+                "action_id": action_id,
+                "queue": queue,
+                "workflow_id": workflow_id,
+                "spec": json.dumps(dict(spec), separators=(",", ":")),
+                "submitted_at": submitted_at,
+                "status": "pending",
+            },
+        )
+        flipped = self._flip(conn, tenant, queue_channel(queue))
         return flipped or not inserted
+
+    def apply(self, ops: Sequence[tuple[str, tuple[Any, ...]]]) -> list[bool]:
+        """Several ``put_lease`` / ``finish_lease`` calls in one transaction (group commit).
+
+        ``ops`` are ``("put", put_lease args)`` or ``("finish", finish_lease args)``;
+        results are what the calls would return one after another, in order.
+        """
+        for kind, args in ops:
+            if kind == "finish":
+                _check_kind(args[2])
+            elif kind != "put":
+                raise ValueError(f"op: {kind!r} is not put or finish")
+        with self._lock, self.engine.begin() as conn:
+            return [
+                self._put_lease(conn, *args) if kind == "put" else self._finish_lease(conn, *args)
+                for kind, args in ops
+            ]
 
     def put_many(
         self,
@@ -193,31 +222,33 @@ class LeaseStore:
         Returns:
             True if the caller must nudge the scheduler.
         """
-        if kind not in ("finished", "cancelled", "rejected"):
-            raise ValueError(f"kind: {kind!r} is not one of finished, cancelled, rejected")
-        key = (LeaseRow.tenant == tenant) & (LeaseRow.action_id == action_id)
+        _check_kind(kind)
         with self._lock, self.engine.begin() as conn:
-            conn.execute(
-                delete(AdmissionRow).where(
-                    (AdmissionRow.tenant == tenant) & (AdmissionRow.action_id == action_id)
-                )
+            return self._finish_lease(conn, tenant, action_id, kind)
+
+    def _finish_lease(self, conn: Connection, tenant: str, action_id: str, kind: str) -> bool:
+        key = (LeaseRow.tenant == tenant) & (LeaseRow.action_id == action_id)
+        conn.execute(
+            delete(AdmissionRow).where(
+                (AdmissionRow.tenant == tenant) & (AdmissionRow.action_id == action_id)
             )
-            if kind == "rejected":
-                conn.execute(delete(LeaseRow).where(key))
-                return False
-            dropped = conn.execute(
-                delete(LeaseRow).where(key & (LeaseRow.status == "pending"))
-            ).rowcount
-            if dropped:
-                return False
-            marked = conn.execute(
-                update(LeaseRow).where(key & LeaseRow.done.is_(None)).values(done=kind)
-            ).rowcount
-            if not marked:
-                # Already marked (a retry) or gone: nudge again only if still unclaimed.
-                row = conn.execute(select(LeaseRow.done_claim).where(key)).first()
-                return row is not None and row[0] is None
-            return self._flip(conn, tenant, DONE_CHANNEL) or False
+        )
+        if kind == "rejected":
+            conn.execute(delete(LeaseRow).where(key))
+            return False
+        dropped = conn.execute(
+            delete(LeaseRow).where(key & (LeaseRow.status == "pending"))
+        ).rowcount
+        if dropped:
+            return False
+        marked = conn.execute(
+            update(LeaseRow).where(key & LeaseRow.done.is_(None)).values(done=kind)
+        ).rowcount
+        if not marked:
+            # Already marked (a retry) or gone: nudge again only if still unclaimed.
+            row = conn.execute(select(LeaseRow.done_claim).where(key)).first()
+            return row is not None and row[0] is None
+        return self._flip(conn, tenant, DONE_CHANNEL) or False
 
     # --- in-process admissions -------------------------------------------------------
 
@@ -484,6 +515,11 @@ class LeaseStore:
         if not leases and not done:
             return None
         return SyncResult(leases=leases, done=done)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in ("finished", "cancelled", "rejected"):
+        raise ValueError(f"kind: {kind!r} is not one of finished, cancelled, rejected")
 
 
 def _make_engine(url: str) -> Engine:
