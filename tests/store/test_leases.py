@@ -154,3 +154,34 @@ def test_bulk_load(store: LeaseStore, tenant: str) -> None:
     assert store.pending_count(tenant, "bulk") == 5000
     res = store.sync(tenant, "r:1", {"bulk": 500}, max_leases=2000)
     assert len(res.leases) == 500 and res.more == ["bulk"]
+
+
+def test_group_commit_matches_calls_one_after_another(store: LeaseStore, tenant: str) -> None:
+    ops: list[tuple[str, tuple[object, ...]]] = [
+        ("put", (tenant, f"a{i}", "q", f"wf-a{i}", spec(i), float(i))) for i in range(3)
+    ]
+    # Only the first put flips the flag; a repeated put (a retry) must nudge again.
+    assert store.apply([*ops, ops[0]]) == [True, False, False, True]
+    r = store.sync(tenant, "s1", {"q": 10})
+    assert [d["id"] for d in r.leases] == ["a0", "a1", "a2"]
+    assert store.apply(
+        [("finish", (tenant, "a0", "finished")), ("finish", (tenant, "a1", "cancelled"))]
+    ) == [True, False]
+    with pytest.raises(ValueError):
+        store.apply([("finish", (tenant, "a2", "bogus"))])
+    assert sorted(store.sync(tenant, "s2", {"q": 10}).done) == [
+        ["a0", "finished"],
+        ["a1", "cancelled"],
+    ]
+
+
+def test_in_process_admission_is_durable_until_the_end(store: LeaseStore, tenant: str) -> None:
+    put(store, tenant, 1)
+    store.sync(tenant, "s1", {"q": 10})
+    adm = {"action_id": "a1", "cluster": "c1", "node_hints": [], "decided_at": 1.0, "reasons": []}
+    store.record_admissions(tenant, {"a1": adm})
+    store.record_admissions(tenant, {"a1": adm})  # a retried dispatch
+    assert store.admission(tenant, "a1") == adm
+    assert store.admission(tenant, "a2") is None
+    store.finish_lease(tenant, "a1", "finished")
+    assert store.admission(tenant, "a1") is None
