@@ -161,6 +161,13 @@ def why(ctx: click.Context, action_id: str, tenant: str | None, as_json: bool) -
         click.echo(json.dumps(data, indent=2, default=str))
     elif isinstance(data, dict):
         for key, value in data.items():
-            click.echo(f"{key}: {value}")
+            if key == "unblock":
+                click.echo("what would unblock it:")
+                for line in value or ["(nothing: it is not blocked)"]:
+                    click.echo(f"  - {line}")
+            elif key == "details":
+                click.echo(f"details: {json.dumps(value, default=str)}")
+            else:
+                click.echo(f"{key}: {value}")
     else:
         click.echo(str(data))

@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from headway import protocol
     from headway.protocol import Admission, CapacityReport
     from headway.scheduler import Scheduler
+    from headway.scheduler.insight import explain
     from headway.scheduler.model import ActionSpec, ClusterSpec, OrgLimits, QueueSpec
     from headway.scheduler.reasons import describe
     from headway.workflows.shared import (
@@ -244,13 +245,29 @@ class SchedulerWorkflow:
                 " window, rejected, or already ended",
             }
         reason = self._core.reason(action_id)
-        return {
+        out: dict[str, Any] = {
             "action_id": action_id,
             "state": state,
             "reason": reason,
             "reasons": self._core.reasons(action_id),
             "message": describe(reason) if reason else "",
         }
+        if state == "waiting":
+            # What would unblock it, in numbers. Worked out on a copy: a query must not
+            # touch the state (or the caches) the next pass decides with.
+            now = workflow.now().timestamp()
+            copy = Scheduler.from_snapshot(self._core.to_snapshot())
+            copy.schedule(now)
+            ex = explain(copy, action_id, now)
+            out["details"] = ex.details
+            out["unblock"] = ex.unblock
+        return out
+
+    @workflow.query(name="snapshot")
+    def snapshot(self) -> dict[str, Any]:
+        """The core's state and the scheduler's clock, for client-side forecasts and
+        what-ifs (``headway forecast``, ``headway what-if``) on a copy."""
+        return {"now": workflow.now().timestamp(), "snapshot": self._core.to_snapshot()}
 
     @workflow.query(name="fleet")
     def fleet(self) -> dict[str, Any]:

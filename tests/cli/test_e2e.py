@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -245,3 +246,37 @@ def test_update_org_limits_fan_out(stack: Stack):
     finally:
         code, out = hw(stack, "update", "org", "--max-actions-per-run", "unlimited")
         assert code == 0, out
+
+
+def test_why_forecast_and_what_if_on_the_live_scheduler(stack: Stack):
+    code, out = hw(stack, "create", "queue", "one-at-a-time", "--action-concurrency", "1")
+    assert code == 0, out
+    common = ["submit", "--queue", "one-at-a-time", "--cpu", "1", "--estimate", "20"]
+    code, out = hw(stack, *common, "--duration", "20", "--id", "solo-1")
+    assert code == 0, out
+    code, out = hw(stack, *common, "--duration", "1", "--id", "solo-2")
+    assert code == 0, out
+    # solo-2 waits behind the action cap; the scheduler says what would unblock it.
+    deadline = time.monotonic() + 30
+    while True:
+        code, out = hw(stack, "why", "solo-2", "--json")
+        assert code == 0, out
+        data = json.loads(out)
+        if data.get("reason") == "ActionConcurrency" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert data["reason"] == "ActionConcurrency", data
+    assert any("action_concurrency" in u for u in data["unblock"]), data
+    # The forecast runs the same core forward on a copy of the live state.
+    code, out = hw(stack, "forecast", "--queue", "one-at-a-time", "--json")
+    assert code == 0, out
+    rows = {r["action"]: r for r in json.loads(out)}
+    assert 0 < rows["solo-2"]["starts_in_s"] <= 20
+    # And a what-if shows it would start now with a higher cap, without applying it.
+    code, out = hw(stack, "what-if", "one-at-a-time", "--action-concurrency", "2", "--json")
+    assert code == 0, out
+    moved = {r["action"]: r for r in json.loads(out)}
+    assert moved["solo-2"]["after_s"] == 0 and moved["solo-2"]["before_s"] > 0
+    code, out = hw(stack, "get", "queues", "-o", "json")
+    assert code == 0, out
+    assert '"action_concurrency": 1' in out  # the what-if changed nothing
