@@ -25,7 +25,19 @@ def load(name: str) -> WorkflowHistory:
     return WorkflowHistory.from_json(f"replay-{name}", (HISTORIES / f"{name}.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["action_ok", "action_cancelled", "scheduler"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        # Recorded before the patched changes (workflows started then must still replay) ...
+        "action_ok",
+        "action_cancelled",
+        "scheduler",
+        # ... and after: admit-in-first-task, lean-publish and local-dispatch paths.
+        "action_ok_patched",
+        "action_cancelled_patched",
+        "scheduler_patched",
+    ],
+)
 async def test_checked_in_histories_replay(name: str) -> None:
     replayer = Replayer(workflows=[ActionWorkflow, SchedulerWorkflow])
     result = await replayer.replay_workflow(load(name), raise_on_replay_failure=True)
