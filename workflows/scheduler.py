@@ -300,6 +300,13 @@ class SchedulerWorkflow:
     @workflow.run
     async def run(self, inp: SchedulerInput) -> None:
         """Wait for change, sync, pass, dispatch; continue as new when suggested."""
+        if inp.carried and workflow.patched("sync-after-continue"):
+            # A nudge that reached the previous run while it was continuing as new is
+            # lost with it, and its store flag stays set, so no one nudges again: look
+            # at the store once, as a fresh run does.
+            self._nudged.add(DONE_CHANNEL)
+            self._more.add("*")
+            self._changed = True
         if not self._fleet and not inp.carried and workflow.patched("fleet-from-worker"):
             # Started without a fleet (by a config call): learn it from the worker.
             specs: list[dict[str, Any]] = await workflow.execute_local_activity(
