@@ -14,6 +14,7 @@ import click
 from headway import protocol
 from headway.scheduler import Scheduler
 from headway.scheduler.insight import forecast as run_forecast
+from headway.scheduler.insight import what_if as run_what_if
 from headway.scheduler.model import QueueSpec
 
 from ._common import settings, with_client
@@ -138,21 +139,16 @@ def what_if(
     if clear_cluster:
         entry["clusters"] = None
     new: QueueSpec = _checked(entry)
-    before = run_forecast(sched, now, default_runtime=default_runtime)
-    alt = Scheduler.from_snapshot(sched.to_snapshot())
-    alt.upsert_queue(new)
-    after = run_forecast(alt, now, default_runtime=default_runtime)
-    rows: list[dict[str, Any]] = []
-    for aid, b in before.starts.items():
-        a2 = after.starts.get(aid)
-        rows.append(
-            {
-                "action": aid,
-                "queue": sched.actions[aid].queue,
-                "before_s": None if b is None else b - now,
-                "after_s": None if a2 is None else a2 - now,
-            }
-        )
+    diff = run_what_if(sched, now, default_runtime=default_runtime, queue_specs=[new])
+    rows: list[dict[str, Any]] = [
+        {
+            "action": aid,
+            "queue": sched.actions[aid].queue,
+            "before_s": None if d["before"] is None else d["before"] - now,
+            "after_s": None if d["after"] is None else d["after"] - now,
+        }
+        for aid, d in diff.items()
+    ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .core import Scheduler
+from .model import QueueSpec
 from .reasons import Reason, describe
 from .resources import Usage
 
@@ -244,15 +245,20 @@ def what_if(
     queue_changes: Iterable[tuple[str, Mapping[str, Any]]] = (),
     default_runtime: float = 3600.0,
     horizon: float | None = None,
+    queue_specs: Iterable[QueueSpec] = (),
 ) -> dict[str, Any]:
     """Forecast before and after live queue changes, without applying them.
 
-    Returns per waiting action the projected start before and after, and the change.
+    Changes come as ``(name, changes)`` in scenario notation, or as whole replacement
+    ``queue_specs``. Returns per waiting action the projected start before and after,
+    and the change.
     """
     before = forecast(s, now, default_runtime, horizon)
     alt = Scheduler.from_snapshot(s.to_snapshot())
     for name, changes in queue_changes:
         alt.update_queue(name, changes)
+    for spec in queue_specs:
+        alt.upsert_queue(spec)
     after = forecast(alt, now, default_runtime, horizon)
     out: dict[str, Any] = {}
     for aid, b in before.starts.items():
