@@ -39,6 +39,7 @@ __all__ = [
     "ensure_scheduler",
     "ensure_search_attributes",
     "get_fleet",
+    "get_org",
     "get_queues",
     "nudge_scheduler",
     "set_org",
@@ -138,6 +139,13 @@ async def nudge_scheduler(
     h = await ensure_scheduler(client, tenant, fleet)
     for q in queues:
         await h.signal(NUDGE_SIGNAL, f"q:{q}")
+
+
+async def get_org(client: Client, tenant: str) -> dict[str, Any]:
+    """The tenant's current org limits (``OrgLimits.to_dict()`` notation)."""
+    h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    result: dict[str, Any] = await h.query("org")
+    return result
 
 
 async def get_queues(client: Client, tenant: str) -> dict[str, dict[str, Any]]:

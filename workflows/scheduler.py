@@ -263,6 +263,11 @@ class SchedulerWorkflow:
             out["unblock"] = ex.unblock
         return out
 
+    @workflow.query(name="org")
+    def org(self) -> dict[str, Any]:
+        """The tenant's org limits (``OrgLimits.to_dict()``; None is unlimited)."""
+        return self._core.org.to_dict()
+
     @workflow.query(name="snapshot")
     def snapshot(self) -> dict[str, Any]:
         """The core's state and the scheduler's clock, for client-side forecasts and

@@ -243,8 +243,17 @@ def test_update_org_limits_fan_out(stack: Stack):
         assert code != 0 and "an action did not succeed" in out
         result = json.loads(next(ln for ln in out.splitlines() if '"result"' in ln))["result"]
         assert (result["state"], result["reason"]) == ("rejected", "FanOutExceeded")
+        # `update org` merges with the current limits; `get org` reads them back.
+        code, out = hw(stack, "update", "org", "--max-concurrent-actions", "500")
+        assert code == 0, out
+        code, out = hw(stack, "get", "org", "-o", "json")
+        assert code == 0, out
+        org = json.loads(out)
+        assert org["max_concurrent_actions"] == 500 and org["max_actions_per_run"] == 1, org
     finally:
         code, out = hw(stack, "update", "org", "--max-actions-per-run", "unlimited")
+        assert code == 0, out
+        code, out = hw(stack, "update", "org", "--max-concurrent-actions", "unlimited")
         assert code == 0, out
 
 
