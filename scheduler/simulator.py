@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .core import Scheduler
-from .model import ActionSpec, ClusterSpec, NodeGroup, QueueSpec
-from .reasons import Reason
+from .model import ActionSpec, ClusterSpec, NodeGroup, OrgLimits, QueueSpec
 from .resources import Pod
 from .scenario import Scenario, WorkItem
 
@@ -127,10 +126,6 @@ def _apply_event(sched: Scheduler, ev: tuple[float, str, Any]) -> None:
         sched.set_cluster_health(arg, False)
     elif kind == "cluster_up":
         sched.set_cluster_health(arg, True)
-
-
-def _num(x: float) -> float | int:
-    return x
 
 
 def _result(sc: Scenario, recs: list[_Rec], sched: Scheduler, skipped: int) -> dict[str, Any]:
@@ -331,13 +326,4 @@ def load_swf(
         work.append(WorkItem(spec, dur, ln))
     cluster = ClusterSpec("swf", (NodeGroup("node", max_procs, Pod(cpu=1000)),))
     queue = QueueSpec("swf", algorithm=Algorithm(algorithm))
-    return Scenario([cluster], [queue], _org_none(), [], work, []), skipped
-
-
-def _org_none() -> Any:
-    from .model import OrgLimits
-
-    return OrgLimits()
-
-
-_ = Reason  # re-exported vocabulary for result readers
+    return Scenario([cluster], [queue], OrgLimits(), [], work, []), skipped
