@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -306,6 +306,3 @@ def interceptors() -> list[Any]:
     t = get()
     tracer = (t.tracer_provider or trace.get_tracer_provider()).get_tracer("headway")
     return [TracingInterceptor(tracer)]
-
-
-_ = metrics  # the API module: re-exported providers are SDK ones

@@ -226,6 +226,17 @@ def _edit(entry: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _emit_structured(data: Any, output: str) -> bool:
+    """Print ``data`` as JSON or YAML when asked; False means the caller draws a table."""
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+    elif output == "yaml":
+        click.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
+    else:
+        return False
+    return True
+
+
 def _output_option(f: F) -> F:
     return click.option(
         "-o",
@@ -250,11 +261,7 @@ def get_queues(ctx: click.Context, output: str) -> None:
         }
         for q in queues.values()
     ]
-    if output == "json":
-        click.echo(json.dumps(entries, indent=2))
-        return
-    if output == "yaml":
-        click.echo(yaml.safe_dump(entries, sort_keys=False), nl=False)
+    if _emit_structured(entries, output):
         return
     from rich.console import Console
     from rich.table import Table
@@ -324,11 +331,7 @@ def get_org(ctx: click.Context, output: str) -> None:
     if org is None:
         raise click.ClickException("this control plane does not expose its org limits yet")
     current, defaults = org.to_dict(), OrgLimits().to_dict()
-    if output == "json":
-        click.echo(json.dumps(current, indent=2))
-        return
-    if output == "yaml":
-        click.echo(yaml.safe_dump(current, sort_keys=False), nl=False)
+    if _emit_structured(current, output):
         return
     from rich.console import Console
     from rich.table import Table
