@@ -494,7 +494,11 @@ class Scheduler:
         self._holds: dict[str, str] = {}  # cluster -> the head holding it
         self._resv: dict[str, list[_Reservation]] = {}
         self._infeasible: set[tuple[int, int]] = set()
+        # Per (cluster, demand): the cluster version at which it last had room, or
+        # had none. A version names one free state (``add_cluster`` keeps versions
+        # rising), so these answers carry over from pass to pass.
         self._feasible: dict[tuple[int, int], int] = {}
+        self._unfit: dict[tuple[int, int], int] = {}
         self._noroom: set[tuple[Any, int]] = set()
         self._orders: dict[tuple[Any, int], list[ClusterState]] = {}
         self._cands: dict[tuple[Any, int], list[ClusterState]] = {}
@@ -515,6 +519,8 @@ class Scheduler:
         c = ClusterState(spec, index=len(self.clusters) if old is None else old.index)
         if old is not None:
             c.healthy = old.healthy
+            # Caches keyed by (index, version) must not mistake the new state for the old.
+            c.version = old.version + 1
         self.clusters[spec.name] = c
         self._touch(spec.name, hard=True)
         self.on_cluster.setdefault(spec.name, {})
@@ -834,6 +840,8 @@ class Scheduler:
             q.cap_pos = -1
         self._fit_cache.clear()
         self._rel_cache.clear()
+        self._feasible.clear()
+        self._unfit.clear()
 
     def _settle_status(self, q: _Queue) -> None:
         if q.spec.status is QueueStatus.draining and not q.waiting and q.running == 0:
@@ -860,7 +868,6 @@ class Scheduler:
         self._holds = {}
         self._resv = {}
         self._infeasible = set()
-        self._feasible = {}
         self._noroom = set()
         self._orders = {}
         self._cands = {}
@@ -1012,93 +1019,106 @@ class Scheduler:
         ik = (c.index, dkey)
         if ik in self._infeasible:
             return False
-        if self._feasible.get(ik) == c.version:
+        ver = c.version
+        if self._feasible.get(ik) == ver:
             return True
-        if c.place(runs, commit=False) is None:
+        if self._unfit.get(ik) == ver or c.place(runs, commit=False) is None:
             # Capacity only shrinks within a pass: no need to ask again.
             self._infeasible.add(ik)
+            self._unfit[ik] = ver
             return False
-        self._feasible[ik] = c.version
+        self._feasible[ik] = ver
         return True
 
     def _evals_still(self, q: _Queue, changed: set[str] | frozenset[str], now: float) -> bool:
         """Would each of ``q``'s recorded fits end as it did, capacity having changed on
-        ``changed``? (See ``_still``.) Updates the records if so."""
-        ds = [c for c in (self.clusters.get(n) for n in changed) if c is not None and c.healthy]
+        ``changed``? (See ``_still``.) Updates the records if so.
+
+        The records are updated in place as the check goes: when it fails, the queue
+        gets a full visit, which replaces them all.
+        """
+        clusters = self.clusters
+        ds: list[ClusterState] = []
+        for n in changed:
+            c = clusters.get(n)
+            if c is not None and c.healthy:
+                ds.append(c)
         if not ds:
             return True
-        clusters = self.clusters
         holds = self._holds
         resv = self._resv
-        own_held = q.resv_rec.held if q.resv_rec is not None else frozenset()
-        # Per demand: the changed clusters with room now, and the clusters with room
-        # (for a fit that walks them all) as they will be.
+        room = self._room
+        own_held = q.resv_rec.held if q.resv_rec is not None else _NO_CHANGE
+        # Per demand: the clusters with room (for a fit that walks them all), as they
+        # will be: the changed ones leave, those of them with room now come back.
+        rooms_of = q.rooms
+        for rs in rooms_of.values():
+            rs.difference_update(changed)
         now_room: dict[int, list[ClusterState]] = {}
-        new_rooms: dict[int, set[str]] = {}
-        for dkey, rs in q.rooms.items():
-            new_rooms[dkey] = rs - changed
-        new_first: list[str | None] = []
         for e in q.evals:
-            dr = now_room.get(e.dkey)
+            dkey = e.dkey
+            dr = now_room.get(dkey)
             if dr is None:
-                dr = now_room[e.dkey] = [c for c in ds if self._room(c, e.dkey, e.runs)]
+                runs = e.runs
+                dr = now_room[dkey] = [c for c in ds if room(c, dkey, runs)]
             first = e.first
             if e.blocked:
                 # Only "is there room anywhere" counts, and any cluster with room will do.
                 if first is not None and first not in changed:
-                    new_first.append(first)
-                elif dr:
+                    continue
+                if dr:
                     if first is None:
                         return False  # NoClusterCapacity would become HeldForGang
-                    new_first.append(dr[0].name)
-                elif first is None:
-                    new_first.append(None)
-                else:
+                    e.first = dr[0].name
+                elif first is not None:
                     return False  # its witness lost room: the others are not known
                 continue
             # The walk reads every cluster with room: none may take the action, and
             # the first in placement order gives the reason.
-            rooms = new_rooms[e.dkey]
+            rooms = rooms_of[dkey]
             for c in dr:
-                if c.name in own_held:
+                name = c.name
+                if name in own_held:
                     return False
-                if c.name not in holds and (
-                    c.name not in resv
-                    or self._allowed(e.a, now, resv[c.name], e.runs, c) is not None
+                if name not in holds and (
+                    name not in resv
+                    or self._allowed(e.a, now, resv[name], e.runs, c) is not None
                 ):
                     return False  # it would start there
-                rooms.add(c.name)
+                rooms.add(name)
             if not rooms:
                 if first is not None:
                     return False  # room went: the head would block or reserve
-                new_first.append(None)
                 continue
             if first is None:
                 return False  # room appeared where there was none
             if first in rooms:
+                if not dr and first not in changed:
+                    continue  # the same first cluster, turning it away as before
                 best = clusters[first]
+                bk = _order_key(best)
                 for c in dr:
-                    if _order_key(c) < _order_key(best):
-                        best = c
+                    k = _order_key(c)
+                    if k < bk:
+                        best, bk = c, k
             else:
                 best = min((clusters[n] for n in rooms), key=_order_key)
-            if best.name != first or best.name in changed:
+            bn = best.name
+            if bn != first or bn in changed:
                 # A cluster that turns the action away: held, else reserved.
-                if best.name in own_held:
+                if bn in own_held:
                     return False
-                r = Reason.HeldForGang if best.name in holds else Reason.BackfillWindow
+                r = Reason.HeldForGang if bn in holds else Reason.BackfillWindow
                 if r is not e.reason:
                     return False
-            new_first.append(best.name)
-        for e, f in zip(q.evals, new_first, strict=True):
-            e.first = f
-        q.rooms = new_rooms
+            e.first = bn
         views = q.views
         for c in ds:
-            if any(c.name in rs for rs in new_rooms.values()):
-                views[c.name] = self._view(c.name)
+            n = c.name
+            if any(n in rs for rs in rooms_of.values()):
+                views[n] = self._view(n)
             else:
-                views.pop(c.name, None)
+                views.pop(n, None)
         return True
 
     def _view(self, name: str, own_hold: bool = False, own_resv: int = 0) -> tuple[Any, ...]:
@@ -1516,9 +1536,10 @@ class Scheduler:
                 if ik in infeasible:
                     continue
                 if feasible.get(ik) != c.version:
-                    if c.place(runs, commit=False) is None:
+                    if self._unfit.get(ik) == c.version or c.place(runs, commit=False) is None:
                         # Capacity only shrinks within a pass: no need to ask again.
                         infeasible.add(ik)
+                        self._unfit[ik] = c.version
                         continue
                     feasible[ik] = c.version
             room = True
