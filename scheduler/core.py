@@ -486,6 +486,11 @@ class Scheduler:
         self._dkeys: dict[tuple[Pod, ...], int] = {}
         self._classes: dict[tuple[Any, ...], int] = {}
         self._could_hold: dict[tuple[int, int], bool] = {}
+        # The queues in visiting order, while ``_qorder_ver`` (bumped by anything that
+        # can change a queue's head or policy) stands still.
+        self._qorder: list[_Queue] = []
+        self._qorder_ver = 0
+        self._qorder_at = -1
         for c in clusters:
             self.add_cluster(c)
         for q in queues:
@@ -500,8 +505,12 @@ class Scheduler:
         self._feasible: dict[tuple[int, int], int] = {}
         self._unfit: dict[tuple[int, int], int] = {}
         self._noroom: set[tuple[Any, int]] = set()
-        self._orders: dict[tuple[Any, int], list[ClusterState]] = {}
-        self._cands: dict[tuple[Any, int], list[ClusterState]] = {}
+        # Per selector: the placement order (no environment); per (selector, demand):
+        # the clusters in it with room. Each with the capacity log's end when made:
+        # every change to a cluster is logged (``_touch``), so while the log stands
+        # still they hold, from pass to pass.
+        self._orders: dict[Any, tuple[int, list[ClusterState]]] = {}
+        self._cands: dict[tuple[Any, int], tuple[int, list[ClusterState]]] = {}
         self._fit_cache: dict[tuple[int, int, bool], tuple[Any, ...]] = {}
         # Per cluster: its releases in time order as of (state, version, env epoch, now),
         # shared by the projections of every demand there (see ``_releases``).
@@ -599,6 +608,7 @@ class Scheduler:
             self.queues[spec.name] = _Queue(spec)
         else:
             q.spec = spec
+        self._qorder_ver += 1
 
     def update_queue(self, name: str, changes: Mapping[str, Any]) -> QueueSpec:
         """Replace the fields ``changes`` gives (scenario-file notation; None unsets)."""
@@ -618,6 +628,7 @@ class Scheduler:
         if q.waiting or q.running:
             raise ValueError(f"queue: {name!r} still holds actions; drain it first")
         del self.queues[name]
+        self._qorder_ver += 1
 
     def set_org(self, org: OrgLimits) -> None:
         self.org = org
@@ -740,6 +751,7 @@ class Scheduler:
             insort(w, a, key=lambda x: (x.submit, x.seq))
             q.cls_mode = None  # positions are renumbered when the classes are rebuilt
         q.epoch += 1
+        self._qorder_ver += 1
         return None
 
     def cancel(self, action_id: str, now: float) -> bool:
@@ -753,6 +765,7 @@ class Scheduler:
             if q.cls_mode is not None:
                 self._unlist(q, a)
             q.epoch += 1
+            self._qorder_ver += 1
             del self.actions[action_id]
             self._settle_status(q)
             return True
@@ -842,6 +855,8 @@ class Scheduler:
         self._rel_cache.clear()
         self._feasible.clear()
         self._unfit.clear()
+        self._orders.clear()
+        self._cands.clear()
 
     def _settle_status(self, q: _Queue) -> None:
         if q.spec.status is QueueStatus.draining and not q.waiting and q.running == 0:
@@ -855,22 +870,31 @@ class Scheduler:
         out: list[Admitted] = []
         while self._pass(now, out):
             pass
+        draining = QueueStatus.draining
         for q in self.queues.values():
-            self._settle_status(q)
+            if q.spec.status is draining:
+                self._settle_status(q)
         return out
 
     def _pass(self, now: float, out: list[Admitted]) -> int:
         self.passes += 1
-        order = [q for q in self.queues.values() if q.waiting]
         # Equal priority: the queue whose next action was submitted first, then by
-        # name. File order breaks ties within a queue only.
-        order.sort(key=lambda q: (-q.spec.priority, q.waiting[0].submit, q.spec.name))
+        # name. File order breaks ties within a queue only. (Names are unique, so the
+        # queue itself is never compared.)
+        if self._qorder_at != self._qorder_ver:
+            keyed = [
+                (-q.spec.priority, q.waiting[0].submit, q.spec.name, q)
+                for q in self.queues.values()
+                if q.waiting
+            ]
+            keyed.sort()
+            self._qorder = [k[3] for k in keyed]
+            self._qorder_at = self._qorder_ver
+        order = self._qorder
         self._holds = {}
         self._resv = {}
         self._infeasible = set()
         self._noroom = set()
-        self._orders = {}
-        self._cands = {}
         # Holds and reservations bind the queues after the one that made them. A queue
         # may be skipped only if what came before it this pass is what came before it
         # last pass: track where this pass's effects first differ from the last's.
@@ -878,28 +902,47 @@ class Scheduler:
         self._effects = []
         self._diverged = None
         started = 0
+        incremental = self.incremental
+        holds = self._holds
+        n_clusters = len(self.clusters)
+        effects = self._effects
+        # ``_signature`` inlined; the epochs move as earlier queues admit work.
+        org = self.org
+        orgd = org.max_concurrent_actions is not None or org.max_concurrent_runs is not None
         for q in order:
-            sig = self._signature(q)
-            up = len(self._effects)
-            same_upstream = q.last_up_len == up and (self._diverged is None or self._diverged >= up)
-            changed = self._changes(q)
-            if (
-                self.incremental
-                and not q.last_started
-                and now <= q.horizon
-                and changed is not None
-                and self._still(q, sig, changed, same_upstream, now)
-            ):
-                # Nothing this queue's outcome depends on has changed since its last
-                # visit: same decisions, same reasons. Only its holds and reservations,
-                # which bind the queues after it, need making again.
-                for cname, head in q.last_holds:
-                    self._hold(cname, head)
-                for cname, r in q.last_resv:
-                    self._reserve_on(cname, r)
-                q.cap_pos = self._cap_base + len(self._cap_log)
-                self.skipped_visits += 1
-                continue
+            sig = (q.epoch, q.spec, self._env_epoch, self._org_epoch if orgd else 0)
+            up = len(effects)
+            diverged = self._diverged
+            same_upstream = q.last_up_len == up and (diverged is None or diverged >= up)
+            cap_end = self._cap_base + len(self._cap_log)
+            if incremental and not q.last_started and now <= q.horizon:
+                if q.cap_pos == cap_end:
+                    # ``_still`` with no capacity change, inlined: the common case.
+                    still = (
+                        sig == q.last_sig
+                        and (not q.hist_dep or q.last_hist == self._hist_epoch)
+                        and (same_upstream or self._views_same(q, _NO_CHANGE))
+                    )
+                else:
+                    changed = self._changes(q)
+                    still = changed is not None and self._still(
+                        q, sig, changed, same_upstream, now
+                    )
+                if still:
+                    # Nothing this queue's outcome depends on has changed since its
+                    # last visit: same decisions, same reasons. Only its holds and
+                    # reservations, which bind the queues after it, need making again
+                    # (``_hold`` and ``_reserve_on``, minus the visit's own record).
+                    if len(holds) < n_clusters:  # else every cluster is held already
+                        for cname, head in q.last_holds:
+                            if cname not in holds:
+                                holds[cname] = head
+                                self._effect(("h", cname, head, None, None))
+                    for cname, r in q.last_resv:
+                        self._reserve_on(cname, r)
+                    q.cap_pos = cap_end
+                    self.skipped_visits += 1
+                    continue
             n_effects = up
             q.last_up_len = up
             # The state as the visit finds it: holds and reservations made by the visit
@@ -990,10 +1033,8 @@ class Scheduler:
             return False
         if q.hist_dep and q.last_hist != self._hist_epoch:
             return False
-        if not same_upstream:
-            for name, view in q.views.items():
-                if name not in changed and self._view(name) != view:
-                    return False
+        if not same_upstream and not self._views_same(q, changed):
+            return False
         if not changed:
             return True
         if q.fragile:
@@ -1011,6 +1052,14 @@ class Scheduler:
             q.last_hist = self._hist_epoch
         self._horizon, self._vhist = outer_h, outer_hist
         return ok
+
+    def _views_same(self, q: _Queue, changed: set[str] | frozenset[str]) -> bool:
+        """Do the holds and reservations at the clusters where ``q``'s last visit found
+        room (outside ``changed``) look as they did then?"""
+        for name, view in q.views.items():
+            if name not in changed and self._view(name) != view:
+                return False
+        return True
 
     def _room(self, c: ClusterState, dkey: int, runs: Runs) -> bool:
         """Has ``c`` room for the demand now (the pass's fit caches, shared)?"""
@@ -1234,6 +1283,17 @@ class Scheduler:
         if not pref:
             return sorted(cs, key=_order_key)
         return sorted(cs, key=lambda c: (0 if pref.get(c.name) else 1, *_order_key(c)[1:]))
+
+    def _base_order(self, sel: tuple[str, ...] | None, elig: list[ClusterState]) -> list[ClusterState]:
+        """``_placement_order(elig, None)`` for selector ``sel`` (``elig``: its healthy
+        clusters), kept while the capacity log stands still. Callers must not change it."""
+        cap_end = self._cap_base + len(self._cap_log)
+        hit = self._orders.get(sel)
+        if hit is not None and hit[0] == cap_end:
+            return hit[1]
+        base = self._placement_order(elig, None)
+        self._orders[sel] = (cap_end, base)
+        return base
 
     def _gate(self, q: _Queue, a: _Action, demand: Usage) -> Reason | None:
         spec = q.spec
@@ -1511,15 +1571,14 @@ class Scheduler:
             # fixes health), and so does which clusters have room (within a pass only
             # an admission changes capacity): keep just those, once per pass, demand
             # and admission, so that walks need not ask each cluster again.
-            ok = (nr_key, self._admissions)
-            cands = self._cands.get(ok)
-            if cands is None:
-                bk = (q.spec.clusters, self._admissions)
-                base = self._orders.get(bk)
-                if base is None:
-                    base = self._orders[bk] = self._placement_order(v.elig, None)
-                cands = self._cands[ok] = [c for c in base if self._room(c, dkey, runs)]
-            order = cands
+            cap_end = self._cap_base + len(self._cap_log)
+            hit = self._cands.get(nr_key)
+            if hit is not None and hit[0] == cap_end:
+                order = hit[1]
+            else:
+                base = self._base_order(q.spec.clusters, v.elig)
+                order = [c for c in base if self._room(c, dkey, runs)]
+                self._cands[nr_key] = (cap_end, order)
             checked = True
         else:
             if v.order is None or v.order_ver != self._admissions:
@@ -1599,7 +1658,9 @@ class Scheduler:
             v.reserved = True
             v.ver += 1
             q.blocked_head = a.id
-            self._reserve(a, runs, dkey, v.elig, now, q.spec.algorithm is Algorithm.easy)
+            self._reserve(
+                a, runs, dkey, q.spec.clusters, v.elig, now, q.spec.algorithm is Algorithm.easy
+            )
         return Reason.NoClusterCapacity
 
     def _admit(
@@ -1638,6 +1699,7 @@ class Scheduler:
         if not c.known:
             self.unknown_capacity_passes += 1
         self._admissions += 1
+        self._qorder_ver += 1
         self._touch(c.name)
         self._org_epoch += 1
         self._env_epoch += inst is not None
@@ -1708,13 +1770,19 @@ class Scheduler:
         head: _Action,
         runs: Runs,
         dkey: int,
+        sel: tuple[str, ...] | None,
         elig: list[ClusterState],
         now: float,
         easy: bool,
     ) -> None:
         best: tuple[float, ClusterState, ClusterState | None] | None = None
         held: list[str] = []
-        for c in self._placement_order(elig, head.env if not head.env_declared else None):
+        env = head.env if not head.env_declared else None
+        if self.incremental and not (env and self.undeclared_env.get(env)):
+            order = self._base_order(sel, elig)
+        else:
+            order = self._placement_order(elig, env)
+        for c in order:
             if not c.known or not self._could(c, runs, dkey):
                 continue
             fit = self._earliest_fit(c, runs, now, easy, dkey)
