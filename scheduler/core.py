@@ -925,9 +925,7 @@ class Scheduler:
                     )
                 else:
                     changed = self._changes(q)
-                    still = changed is not None and self._still(
-                        q, sig, changed, same_upstream, now
-                    )
+                    still = changed is not None and self._still(q, sig, changed, same_upstream, now)
                 if still:
                     # Nothing this queue's outcome depends on has changed since its
                     # last visit: same decisions, same reasons. Only its holds and
@@ -1130,8 +1128,7 @@ class Scheduler:
                 if name in own_held:
                     return False
                 if name not in holds and (
-                    name not in resv
-                    or self._allowed(e.a, now, resv[name], e.runs, c) is not None
+                    name not in resv or self._allowed(e.a, now, resv[name], e.runs, c) is not None
                 ):
                     return False  # it would start there
                 rooms.add(name)
@@ -1284,7 +1281,9 @@ class Scheduler:
             return sorted(cs, key=_order_key)
         return sorted(cs, key=lambda c: (0 if pref.get(c.name) else 1, *_order_key(c)[1:]))
 
-    def _base_order(self, sel: tuple[str, ...] | None, elig: list[ClusterState]) -> list[ClusterState]:
+    def _base_order(
+        self, sel: tuple[str, ...] | None, elig: list[ClusterState]
+    ) -> list[ClusterState]:
         """``_placement_order(elig, None)`` for selector ``sel`` (``elig``: its healthy
         clusters), kept while the capacity log stands still. Callers must not change it."""
         cap_end = self._cap_base + len(self._cap_log)
