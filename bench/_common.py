@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ async def start_server() -> WorkflowEnvironment:
         dev_server_existing_path=str(TEMPORAL),
         search_attributes=[SearchAttributeKey.for_keyword(n) for n in protocol.SEARCH_ATTRIBUTES],
         dev_server_log_level="error",
+        data_converter=protocol.data_converter(),
     )
 
 
@@ -42,6 +44,42 @@ async def instant_run(req: DispatchRequest) -> ActionEvent:
 @activity.defn(name=protocol.DELETE_ACTION_ACTIVITY)
 async def instant_delete(req: DispatchRequest) -> int:
     return 0
+
+
+def _ticks(pid: int | str) -> float:
+    """User+system CPU seconds of a process, from /proc (Linux only; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                out.append(int(d.name))
+    return out
+
+
+class CpuMeter:
+    """CPU seconds spent by this process and by the dev server (its child) over a span.
+
+    Both sides share two cores, so throughput is really CPU per workflow: this says
+    whose CPU it is.
+    """
+
+    def __init__(self) -> None:
+        self.server = _children(os.getpid())
+
+    def read(self) -> tuple[float, float]:
+        return _ticks("self"), sum(_ticks(p) for p in self.server)
 
 
 def summary(xs: Sequence[float]) -> dict[str, float]:

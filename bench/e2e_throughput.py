@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -33,6 +34,17 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 BARE_QUEUE = "bench-bare"
+
+
+class CPU:
+    """The run's CPU meter (set in ``main``; the latency sampling queries stay outside)."""
+
+    meter: Any = None
+
+    @classmethod
+    def read(cls) -> tuple[float, float]:
+        out: tuple[float, float] = cls.meter.read()
+        return out
 
 
 async def gather_limited(coros: list[Coroutine[Any, Any, None]], limit: int = 100) -> None:
@@ -60,7 +72,9 @@ async def bare_round(client: Client, n: int, tag: str) -> float:
     return n / (time.perf_counter() - t0)
 
 
-async def headway_round(client: Client, n: int, tenant: str, tag: str, lat: list[float]) -> float:
+async def headway_round(
+    client: Client, n: int, tenant: str, tag: str, lat: list[float], cpu: list[Any] | None = None
+) -> float:
     demand = DemandRequest(resources={"cpu": "100m", "memory": "64Mi"})
     t0 = time.perf_counter()
 
@@ -71,6 +85,8 @@ async def headway_round(client: Client, n: int, tenant: str, tag: str, lat: list
 
     await gather_limited([one(i) for i in range(n)])
     rate = n / (time.perf_counter() - t0)
+    if cpu is not None:
+        cpu.append(CPU.read())
     # Enqueue -> admission, from the actions' own records (workflow clock), sampled.
     for i in range(0, n, max(1, n // 100)):
         st = await hw.action_state(client, tenant, f"{tag}-{i}")
@@ -79,15 +95,29 @@ async def headway_round(client: Client, n: int, tenant: str, tag: str, lat: list
     return rate
 
 
+def per_item(a: tuple[float, float], b: tuple[float, float], n: int) -> tuple[float, float]:
+    """CPU ms per workflow between two meter readings."""
+    return ((b[0] - a[0]) * 1000 / n, (b[1] - a[1]) * 1000 / n)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     from _bare import BareWorkflow, noop
-    from _common import big_fleet, instant_delete, instant_run, pct, start_server, summary  # type: ignore[import-not-found]
+    from _common import (  # type: ignore[import-not-found]
+        CpuMeter,
+        big_fleet,
+        instant_delete,
+        instant_run,
+        pct,
+        start_server,
+        summary,
+    )
 
     env = await start_server()
+    meter = CPU.meter = CpuMeter()
     client = env.client
     tmp = tempfile.mkdtemp()
     store = LeaseStore(f"sqlite:///{tmp}/bench.db")
@@ -118,9 +148,18 @@ async def main() -> None:
             head: list[float] = []
             ratio: list[float] = []
             lat: list[float] = []
+            # CPU ms per workflow / action: [worker+client process, dev server].
+            cpu_bare: list[tuple[float, float]] = []
+            cpu_head: list[tuple[float, float]] = []
             for r in range(args.rounds):
+                c0 = meter.read()
                 b = await bare_round(client, args.n, f"r{r}")
-                h = await headway_round(client, args.n, tenant, f"r{r}", lat)
+                c1 = meter.read()
+                mark: list[tuple[float, float]] = []
+                h = await headway_round(client, args.n, tenant, f"r{r}", lat, mark)
+                c2 = mark[0]
+                cpu_bare.append(per_item(c0, c1, args.n))
+                cpu_head.append(per_item(c1, c2, args.n))
                 bare.append(b)
                 head.append(h)
                 ratio.append(h / b)
@@ -141,6 +180,13 @@ async def main() -> None:
                 "enqueue_to_admit_ms": {
                     "p50": round(pct(lat, 50), 1),
                     "p99": round(pct(lat, 99), 1),
+                },
+                "cpu_ms_per_workflow": {
+                    side: {
+                        "python": round(statistics.median(c[0] for c in cs), 2),
+                        "server": round(statistics.median(c[1] for c in cs), 2),
+                    }
+                    for side, cs in (("bare", cpu_bare), ("headway", cpu_head))
                 },
                 "clusters": 1,
                 "scheduler": {k: stats[k] for k in ("passes", "syncs", "dispatches", "admitted")},

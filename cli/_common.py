@@ -58,7 +58,10 @@ async def connect(cfg: Settings) -> Client:
 
     try:
         return await Client.connect(
-            cfg.address, namespace=cfg.namespace, interceptors=telemetry.interceptors()
+            cfg.address,
+            namespace=cfg.namespace,
+            interceptors=telemetry.interceptors(),
+            data_converter=protocol.data_converter(),
         )
     except Exception as exc:
         raise click.ClickException(

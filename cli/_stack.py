@@ -178,7 +178,9 @@ async def wait_ready(
 
     from .queues import fetch_queues
 
-    client = await Client.connect(stack.address, namespace=namespace)
+    client = await Client.connect(
+        stack.address, namespace=namespace, data_converter=protocol.data_converter()
+    )
     wanted = [(protocol.CONTROL_TASK_QUEUE, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)] + [
         (protocol.cluster_task_queue(c.name), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
         for c in fleet.clusters

@@ -184,7 +184,10 @@ class Client:
         from temporalio.client import Client as TemporalClient
 
         temporal = await TemporalClient.connect(
-            address, namespace=namespace, interceptors=telemetry.interceptors()
+            address,
+            namespace=namespace,
+            interceptors=telemetry.interceptors(),
+            data_converter=protocol.data_converter(),
         )
         return cls(temporal, tenant=tenant, ui_url=ui_url)
 

@@ -18,7 +18,9 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     for name, kind in protocol.SEARCH_ATTRIBUTES.items():
         extra += ["--search-attribute", f"{name}={kind}"]
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(), dev_server_extra_args=extra
+        dev_server_existing_path=temporal_binary(),
+        dev_server_extra_args=extra,
+        data_converter=protocol.data_converter(),
     )
     try:
         yield env

@@ -130,7 +130,12 @@ class ActionResult:
     message: str = ""
 
 
-@workflow.defn(name=protocol.ACTION_WORKFLOW)
+# Unsandboxed: thousands of these run per minute, and the sandbox costs each activation
+# an import-hook context and each new run a module re-execution. Determinism here rests
+# on what the sandbox would only have guarded: the code reads time and randomness only
+# through ``workflow``, calls the pure core, and the checked-in histories replay in CI.
+# The scheduler workflow, fewer activations and much more code, stays sandboxed.
+@workflow.defn(name=protocol.ACTION_WORKFLOW, sandboxed=False)
 class ActionWorkflow:
     """One action: enqueue with the shard scheduler, run when admitted, release once."""
 
@@ -196,7 +201,10 @@ class ActionWorkflow:
         # Lean publishing (patched in): ``client.submit`` sets the search attributes and
         # a static memo at start, so only admission and the end upsert (each an extra
         # visibility write on the server, which bare workflows do not pay).
-        self._lean = workflow.patched("lean-publish")
+        # Revision 1+ takes the patched paths without asking (no marker, no upsert of
+        # TemporalChangeVersion); revision 0 inputs were recorded with the patches.
+        rev = req.revision
+        self._lean = rev >= 1 or workflow.patched("lean-publish")
         if not self._lean:
             self._publish(run=True)
         elif info.typed_search_attributes.get(SA["HeadwayState"]) is None:
@@ -226,7 +234,7 @@ class ActionWorkflow:
             submitted_at=now,
         )
         try:
-            if workflow.patched("admit-in-first-task"):
+            if rev >= 1 or workflow.patched("admit-in-first-task"):
                 # Write the lease and wait briefly for the admission in-process: when it
                 # comes, the cluster activity is scheduled in this same workflow task.
                 lease.wait_s = ADMIT_WAIT_S

@@ -8,6 +8,7 @@ start it if absent (``ensure_scheduler``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,8 +57,11 @@ async def submit(
 ) -> WorkflowHandle[ActionWorkflow, ActionResult]:
     """Start an action's workflow (id ``protocol.action_workflow_id(tenant, action_id)``).
 
-    The workflow enqueues itself with its shard scheduler (starting it if needed).
+    The workflow enqueues itself with its shard scheduler (starting it if needed). The
+    request is stamped with today's ``protocol.ACTION_REVISION`` unless it names one.
     """
+    if req.revision == 0:
+        req = dataclasses.replace(req, revision=protocol.ACTION_REVISION)
     sa, memo = start_attributes(req)
     return await client.start_workflow(
         ActionWorkflow.run,

@@ -39,6 +39,7 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
     e = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(TEMPORAL),
         search_attributes=[SearchAttributeKey.for_keyword(n) for n in protocol.SEARCH_ATTRIBUTES],
+        data_converter=protocol.data_converter(),
     )
     try:
         yield e

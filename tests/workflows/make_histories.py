@@ -1,13 +1,16 @@
-"""Regenerate the checked-in histories: ``python -m tests.workflows.make_histories``.
+"""Regenerate the checked-in histories: ``python -m tests.workflows.make_histories [SUFFIX]``.
 
 Runs a small scenario on a fresh dev server (one action succeeds, one is cancelled while
 waiting, with a queue update in between) and writes the action and scheduler histories
-to ``tests/workflows/histories/``. Regenerate only for a deliberate, patched change.
+to ``tests/workflows/histories/`` as ``<name><SUFFIX>.json``. Record new ones (a new
+suffix) for a deliberate, patched change; never overwrite the old ones, which stand for
+workflows still running on the old code.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 from pathlib import Path
 
@@ -25,10 +28,11 @@ from .conftest import TEMPORAL, FakeCluster, fleet
 OUT = Path(__file__).parent / "histories"
 
 
-async def main() -> None:
+async def main(suffix: str = "") -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(TEMPORAL),
         search_attributes=[SearchAttributeKey.for_keyword(n) for n in protocol.SEARCH_ATTRIBUTES],
+        data_converter=protocol.data_converter(),
     )
     tmp = tempfile.mkdtemp()
     store = LeaseStore(f"sqlite:///{tmp}/h.db")
@@ -59,7 +63,7 @@ async def main() -> None:
             OUT.mkdir(exist_ok=True)
             for name, h in (("action_ok", ok), ("action_cancelled", w), ("scheduler", sched)):
                 hist = await h.fetch_history()
-                (OUT / f"{name}.json").write_text(hist.to_json())
+                (OUT / f"{name}{suffix}.json").write_text(hist.to_json())
                 print(name, len(hist.events), "events")
     finally:
         store.close()
@@ -67,4 +71,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(*sys.argv[1:2]))

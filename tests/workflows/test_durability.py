@@ -95,7 +95,9 @@ async def test_every_scheduler_run_replays(plane: Plane, tenant: str) -> None:
     wid = protocol.scheduler_workflow_id(tenant)
     runs = [w async for w in plane.client.list_workflows(f"WorkflowId = '{wid}'")]
     assert len(runs) >= 2
-    replayer = Replayer(workflows=[ActionWorkflow, SchedulerWorkflow])
+    replayer = Replayer(
+        workflows=[ActionWorkflow, SchedulerWorkflow], data_converter=protocol.data_converter()
+    )
     for w in runs:
         hist = await plane.client.get_workflow_handle(wid, run_id=w.run_id).fetch_history()
         res = await replayer.replay_workflow(hist, raise_on_replay_failure=False)

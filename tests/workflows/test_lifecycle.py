@@ -213,3 +213,47 @@ async def test_capacity_report_reconciles_reservations(plane: Plane, tenant: str
     for h in (a, b, c):
         assert (await hw.wait_result(h)).state == "succeeded"
     await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
+
+
+@pytest.mark.parametrize(
+    ("revision", "patch_markers"),
+    [
+        pytest.param(None, 0, id="submit-stamps-today's-revision-no-patch-markers"),
+        pytest.param(0, 2, id="revision-0-input-takes-the-patched-path"),
+    ],
+)
+async def test_revision_decides_the_path_without_patch_markers(
+    plane: Plane, tenant: str, revision: int | None, patch_markers: int
+) -> None:
+    """Today's submissions skip ``workflow.patched`` (each call records a marker and
+    upserts TemporalChangeVersion); an input recorded before revisions still runs."""
+    from headway.workflows.action import ActionWorkflow, start_attributes
+
+    await setup_queue(plane, tenant)
+    r = req(tenant, f"rev{revision}")
+    if revision is None:
+        h = await hw.submit(plane.client, r)
+    else:  # what an older client started: no revision in the input
+        sa, memo = start_attributes(r)
+        h = await plane.client.start_workflow(
+            ActionWorkflow.run,
+            r,
+            id=protocol.action_workflow_id(tenant, r.action_id),
+            task_queue=protocol.CONTROL_TASK_QUEUE,
+            search_attributes=sa,
+            memo=memo,
+        )
+    res = await hw.wait_result(h)
+    assert res.state == "succeeded", res
+    hist = await h.fetch_history()
+    markers = [
+        e.marker_recorded_event_attributes.marker_name
+        for e in hist.events
+        if e.HasField("marker_recorded_event_attributes")
+    ]
+    assert markers.count("core_patch") == patch_markers
+    upserts = sum(
+        e.HasField("upsert_workflow_search_attributes_event_attributes") for e in hist.events
+    )
+    # admission and end, plus one TemporalChangeVersion upsert per patch
+    assert upserts == 2 + patch_markers

@@ -1,7 +1,8 @@
 """Replay the checked-in histories with today's code; an incompatible change must fail.
 
-Any change to either workflow's command sequence must be guarded by ``workflow.patched``
-so these histories (and every running workflow in production) still replay.
+Any change to either workflow's command sequence must be guarded (``workflow.patched``, or
+a new ``SubmitRequest.revision`` for the action) so these histories (and every running
+workflow in production) still replay.
 """
 
 from __future__ import annotations
@@ -36,10 +37,17 @@ def load(name: str) -> WorkflowHistory:
         "action_ok_patched",
         "action_cancelled_patched",
         "scheduler_patched",
+        # ... and revision 1 inputs (``protocol.ACTION_REVISION``): the same paths with no
+        # patch markers at all.
+        "action_ok_rev1",
+        "action_cancelled_rev1",
+        "scheduler_rev1",
     ],
 )
 async def test_checked_in_histories_replay(name: str) -> None:
-    replayer = Replayer(workflows=[ActionWorkflow, SchedulerWorkflow])
+    replayer = Replayer(
+        workflows=[ActionWorkflow, SchedulerWorkflow], data_converter=protocol.data_converter()
+    )
     result = await replayer.replay_workflow(load(name), raise_on_replay_failure=True)
     assert result.replay_failure is None
 
