@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from temporalio.converter import DataConverter
 
+
 def data_converter() -> DataConverter:
     """How Headway's payloads are encoded: JSON, through pydantic.
 
