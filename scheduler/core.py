@@ -367,10 +367,12 @@ class _Eval:
 
     ``blocked``: the queue was already blocked (strict), so the walk stopped at the first
     cluster with room. ``first``: the first cluster with room in placement order (when
-    blocked: just one with room), or None. ``reason``: the answer.
+    blocked: just one with room), or None. ``reason``: the answer. ``acts``: the
+    actions of every fit that ended alike (same demand, ``blocked``, ``first`` and
+    reason; see ``_group_evals``).
     """
 
-    __slots__ = ("a", "blocked", "dkey", "first", "reason", "runs")
+    __slots__ = ("a", "acts", "blocked", "dkey", "first", "reason", "runs")
 
     def __init__(
         self, a: _Action, dkey: int, runs: Runs, blocked: bool, first: str | None, reason: Reason
@@ -381,27 +383,53 @@ class _Eval:
         self.blocked = blocked
         self.first = first
         self.reason = reason
+        self.acts = [a]
+
+
+def _group_evals(evals: list[_Eval]) -> list[_Eval]:
+    """One record per set of fits that ended alike.
+
+    Checking them again (``Scheduler._evals_still``) reads the same clusters and
+    holds for each, in any order; only a reservation's verdict depends on the action
+    (its estimate), so each keeps its actions.
+    """
+    if len(evals) < 2:
+        return evals
+    seen: dict[tuple[Any, ...], _Eval] = {}
+    out: list[_Eval] = []
+    for e in evals:
+        k = (e.dkey, e.blocked, e.first, e.reason)
+        g = seen.get(k)
+        if g is None:
+            seen[k] = e
+            out.append(e)
+        else:
+            g.acts.append(e.a)
+    return out
 
 
 class _ResvRecord:
     """A reserving head's reservation as its visit computed it: enough to tell, once
     capacity changed on a few clusters, whether ``_reserve`` would still make it."""
 
-    __slots__ = ("dkey", "easy", "held", "runs", "time", "where")
+    __slots__ = ("dkey", "easy", "held", "key", "runs", "time", "where")
 
     def __init__(
         self,
         runs: Runs,
         dkey: int,
         easy: bool,
-        where: str | None,
+        where: ClusterState | None,
         time: float,
         held: frozenset[str],
     ) -> None:
         self.runs = runs
         self.dkey = dkey
         self.easy = easy
-        self.where = where  # the reserved cluster (None: no cluster ever fits)
+        # The reserved cluster (None: no cluster ever fits) and its placement-order
+        # key then (capacity moves it in the order).
+        self.where = where.name if where is not None else None
+        self.key = _order_key(where) if where is not None else None
         self.time = time
         self.held = held  # clusters held instead (their reservation cannot be computed)
 
@@ -473,6 +501,8 @@ class Scheduler:
         self._cap_log: list[tuple[str, bool]] = []
         self._cap_base = 0
         self._selsets: dict[tuple[str, ...], frozenset[str]] = {}
+        # ``_changes``' answers within a pass.
+        self._chg_cache: dict[tuple[Any, ...], frozenset[str] | set[str] | None] = {}
         # What the visit in progress depends on (copied to its queue when it ends).
         self._vevals: list[_Eval] = []
         self._vrooms: dict[int, set[str]] = {}
@@ -895,6 +925,7 @@ class Scheduler:
         self._resv = {}
         self._infeasible = set()
         self._noroom = set()
+        self._chg_cache = {}
         # Holds and reservations bind the queues after the one that made them. A queue
         # may be skipped only if what came before it this pass is what came before it
         # last pass: track where this pass's effects first differ from the last's.
@@ -966,7 +997,7 @@ class Scheduler:
                 # Never skipped next time (see above): nothing to record.
                 q.evals, q.rooms, q.views = [], {}, {}
             else:
-                q.evals = self._vevals
+                q.evals = _group_evals(self._vevals)
                 q.rooms = self._vrooms
                 q.views = self._views_before(mine, q.rooms) if q.rooms else {}
             q.hist_dep = self._vhist
@@ -987,6 +1018,13 @@ class Scheduler:
         if pos == len(log):
             return _NO_CHANGE
         sel = q.spec.clusters
+        # Queues visited together stand at the same place in the log: one answer for
+        # all of them (callers only read it).
+        ck = (q.cap_pos, self._cap_base + len(log), sel)
+        hit = self._chg_cache.get(ck, False)
+        if hit is not False:
+            return hit
+        self._chg_cache[ck] = None
         names: frozenset[str] | None = None
         if sel is not None:
             names = self._selsets.get(sel)
@@ -999,6 +1037,7 @@ class Scheduler:
                 if hard:
                     return None
                 out.add(name)
+        self._chg_cache[ck] = out
         return out
 
     def _still(
@@ -1043,7 +1082,9 @@ class Scheduler:
         ok = self._evals_still(q, changed, now)
         rec = q.resv_rec
         if ok and rec is not None:
-            ok = self._resv_still(rec, changed, now)
+            ok, moved = self._resv_now(rec, changed, now)
+            if ok and moved is not None:
+                ok = self._resv_move(q, rec, moved)
         if ok:
             q.horizon = self._horizon
             q.hist_dep = q.hist_dep or self._vhist
@@ -1128,7 +1169,8 @@ class Scheduler:
                 if name in own_held:
                     return False
                 if name not in holds and (
-                    name not in resv or self._allowed(e.a, now, resv[name], e.runs, c) is not None
+                    name not in resv
+                    or any(self._allowed(a, now, resv[name], e.runs, c) is not None for a in e.acts)
                 ):
                     return False  # it would start there
                 rooms.add(name)
@@ -1221,18 +1263,48 @@ class Scheduler:
                 out[n] = self._view(n, n in own_h, own_r.get(n, 0))
         return out
 
-    def _resv_still(self, rec: _ResvRecord, changed: set[str] | frozenset[str], now: float) -> bool:
-        """Would ``_reserve`` still reserve ``rec.where`` at ``rec.time`` and hold
-        ``rec.held``? Clusters outside ``changed`` give the same earliest fits (the
-        queue's horizon bounds how long those stay valid) in the same relative order,
-        so the best of them is still ``rec.where``; a changed cluster must not beat it.
+    def _resv_now(
+        self, rec: _ResvRecord, changed: set[str] | frozenset[str], now: float
+    ) -> tuple[bool, tuple[ClusterState, float, ClusterState | None] | None]:
+        """What ``_reserve`` would reserve now, capacity having changed on ``changed``.
+
+        Clusters outside ``changed`` give the same earliest fits (the queue's horizon
+        bounds how long those stay valid) in the same relative order, so the best of
+        them is still ``rec.where``, or no worse than it was if that changed itself:
+        only a changed cluster can beat it. Returns (False, None) if that cannot be
+        told without a visit (or the clusters held instead would change); else
+        (True, None) if the reservation stays as it is, or (True, (cluster, time,
+        EASY extra)) for the one ``_reserve`` would make now.
         """
+        no = (False, None)
         where = rec.where
-        if where is not None and where in changed:
-            return False
-        best = self.clusters.get(where) if where is not None else None
+        clusters = self.clusters
+        best: ClusterState | None = None
+        best_t = rec.time
+        best_k = rec.key
+        moved: tuple[ClusterState, float, ClusterState | None] | None = None
+        if where is not None:
+            best = clusters.get(where)
+            if best is None:
+                return no
+            if where in changed:
+                # Its fit may have moved either way: the unchanged clusters were no
+                # better than (rec.time, rec.key), so it still beats them if it is
+                # still as good; otherwise the second best is not known.
+                if not best.healthy or not best.known:
+                    return no
+                fit = self._earliest_fit(best, rec.runs, now, rec.easy, rec.dkey)
+                if fit is None:
+                    return no
+                k = _order_key(best)
+                if fit[0] > best_t or (fit[0] == best_t and k > best_k):  # type: ignore[operator]
+                    return no
+                best_t, best_k = fit[0], k
+                moved = (best, fit[0], fit[1])
         for name in changed:
-            c = self.clusters.get(name)
+            if name == where:
+                continue
+            c = clusters.get(name)
             if c is None or not c.healthy or not c.known:
                 continue
             if not self._could(c, rec.runs, rec.dkey):
@@ -1240,13 +1312,50 @@ class Scheduler:
             fit = self._earliest_fit(c, rec.runs, now, rec.easy, rec.dkey)
             if fit is None:
                 if name not in rec.held:
-                    return False
+                    return no
                 continue
             if name in rec.held or best is None:
-                return False
+                return no
             t = fit[0]
-            if t < rec.time or (t == rec.time and _order_key(c) < _order_key(best)):
+            if t < best_t:
+                best_t, best_k = t, _order_key(c)
+                moved = (c, t, fit[1])
+            elif t == best_t:
+                k = _order_key(c)
+                if k < best_k:  # type: ignore[operator]
+                    best_k = k
+                    moved = (c, t, fit[1])
+        return True, moved
+
+    def _resv_move(
+        self,
+        q: _Queue,
+        rec: _ResvRecord,
+        moved: tuple[ClusterState, float, ClusterState | None],
+    ) -> bool:
+        """Move ``q``'s reservation as ``_reserve`` would now, if its decisions stay.
+
+        The reservation binds the queue's own later actions only where a fit reads
+        it: at a cluster with room for one of its walks (``q.rooms``) that no hold
+        turns away first. Where neither the old nor the new cluster is read so, the
+        queue answers as before and only the reservation, which binds the queues
+        after it, changes.
+        """
+        if len(q.last_resv) != 1:
+            return False
+        holds = self._holds
+        rooms = q.rooms.values()
+        old_name, old = q.last_resv[0]
+        c, t, extra = moved
+        for name in (old_name, c.name):
+            if name not in holds and any(name in rs for rs in rooms):
                 return False
+        rec.where = c.name
+        rec.key = _order_key(c)
+        rec.time = t
+        # Admissions use EASY's extra up: keep a copy, not the cached projection.
+        r = _Reservation(t, extra.clone() if extra is not None else None, old.head)
+        q.last_resv = ((c.name, r),)
         return True
 
     def _effect(self, e: tuple[Any, ...]) -> None:
@@ -1798,7 +1907,7 @@ class Scheduler:
             runs,
             dkey,
             easy,
-            best[1].name if best is not None else None,
+            best[1] if best is not None else None,
             best[0] if best is not None else _INF,
             frozenset(held),
         )
