@@ -542,6 +542,14 @@ class Scheduler:
         self._orders: dict[Any, tuple[int, list[ClusterState]]] = {}
         self._cands: dict[tuple[Any, int], tuple[int, list[ClusterState]]] = {}
         self._fit_cache: dict[tuple[int, int, bool], tuple[Any, ...]] = {}
+        # Per (cluster, demand, EASY): the demand placed on the cluster emptied, with
+        # the node list it was made for (see ``_empty_fit``).
+        self._empties: dict[tuple[int, int, bool], tuple[Any, bool, ClusterState]] = {}
+        # Per cluster: whether giving back all of ``_releases``' list (the one named)
+        # empties it.
+        self._rel_empty: dict[int, tuple[Any, bool]] = {}
+        # Per demand: its total.
+        self._needs: dict[int, Usage] = {}
         # Per cluster: its releases in time order as of (state, version, env epoch, now),
         # shared by the projections of every demand there (see ``_releases``).
         self._rel_cache: dict[int, tuple[Any, ...]] = {}
@@ -1021,9 +1029,9 @@ class Scheduler:
         # Queues visited together stand at the same place in the log: one answer for
         # all of them (callers only read it).
         ck = (q.cap_pos, self._cap_base + len(log), sel)
-        hit = self._chg_cache.get(ck, False)
-        if hit is not False:
-            return hit
+        cache = self._chg_cache
+        if ck in cache:
+            return cache[ck]
         self._chg_cache[ck] = None
         names: frozenset[str] | None = None
         if sel is not None:
@@ -1932,7 +1940,7 @@ class Scheduler:
         else:
             outer = self._horizon
             self._horizon = _INF
-            res = self._project(c, runs, now, easy)
+            res = self._project(c, runs, now, easy, dkey)
             # The projection holds until a running action reaches its estimated end
             # (it would then end "now" instead).
             horizon = self._horizon
@@ -1949,7 +1957,7 @@ class Scheduler:
         return cached
 
     def _project(
-        self, c: ClusterState, runs: Runs, now: float, easy: bool
+        self, c: ClusterState, runs: Runs, now: float, easy: bool, dkey: int
     ) -> tuple[float, ClusterState | None] | None:
         """When would ``runs`` fit on ``c``, as running work ends by its estimates?
 
@@ -1959,10 +1967,12 @@ class Scheduler:
         releases = self._releases(c, now)
         if releases is None:
             return None
-        need = Usage()
-        for p, k in runs:
-            need.add_pod(p.scaled(k))
-        return self._project_from(c, runs, now, easy, releases, need)
+        need = self._needs.get(dkey)
+        if need is None:
+            need = self._needs[dkey] = Usage()
+            for p, k in runs:
+                need.add_pod(p.scaled(k))
+        return self._project_from(c, runs, now, easy, releases, need, dkey)
 
     def _releases(
         self, c: ClusterState, now: float
@@ -2011,6 +2021,7 @@ class Scheduler:
         easy: bool,
         releases: list[tuple[float, int, Runs, list[int], Usage]],
         need: Usage,
+        dkey: int,
     ) -> tuple[float, ClusterState | None] | None:
         fcpu, fmem, feph, fgpu = c.tcpu, c.tmem, c.teph, c.tgpu
         proj: ClusterState | None = None
@@ -2030,6 +2041,15 @@ class Scheduler:
             if fcpu < need.cpu or fmem < need.memory or feph < need.eph or fgpu < need.gpu:
                 continue
             if proj is None:
+                if i == n:
+                    # Everything given back often leaves the cluster empty: then the
+                    # answer is the same every time, for every clock (``_empty_fit``).
+                    hit = self._rel_empty.get(c.index)
+                    if hit is None or hit[0] is not releases:
+                        free = c.released([(r[2], r[3]) for r in releases])
+                        hit = self._rel_empty[c.index] = (releases, free == c.capv)
+                    if hit[1]:
+                        return self._empty_fit(c, runs, dkey, easy, t, now)
                 proj = c.projected([(r[2], r[3]) for r in releases[:i]])
             else:
                 for r in releases[applied:i]:
@@ -2044,6 +2064,34 @@ class Scheduler:
                     self._horizon = now
                 return t, proj if easy else None
         return None
+
+    def _empty_fit(
+        self, c: ClusterState, runs: Runs, dkey: int, easy: bool, t: float, now: float
+    ) -> tuple[float, ClusterState | None] | None:
+        """``_project_from``'s answer where the demand is placed on ``c`` emptied at
+        ``t``: placement on an empty cluster depends on its nodes alone, so it is
+        made once per cluster, node list and demand and shared (callers never change
+        the extra they are given: see ``_earliest_fit``)."""
+        key = (c.index, dkey, easy)
+        hit = self._empties.get(key)
+        if hit is None or hit[0] is not c.cap:
+            empty = c.with_free((c.capv[0][:], c.capv[1][:], c.capv[2][:], c.capv[3][:]))
+            placed = empty.place(runs, commit=easy) is not None
+            hit = self._empties[key] = (c.cap, placed, empty)
+        if not hit[1]:
+            return None
+        if t <= now:
+            # As in ``_project_from``: a reservation "now" moves with the clock.
+            self._horizon = now
+        if not easy:
+            return t, None
+        # What a fresh projection would be: ``c``'s identity and version, one placement on.
+        x = c._shell()
+        e = hit[2]
+        x.fcpu, x.fmem, x.feph, x.fgpu, x.groups = e.fcpu, e.fmem, e.feph, e.fgpu, e.groups
+        x.tcpu, x.tmem, x.teph, x.tgpu = e.tcpu, e.tmem, e.teph, e.tgpu
+        x.version = c.version + 1
+        return t, x
 
     # ------------------------------------------------------------------ introspection
 

@@ -36,6 +36,7 @@ class ClusterState:
 
     __slots__ = (
         "cap",
+        "capv",
         "fcpu",
         "feph",
         "fgpu",
@@ -71,6 +72,7 @@ class ClusterState:
         self._reset_free()
 
     def _reset_free(self) -> None:
+        self._cap_vectors()
         self.fcpu = [p.cpu for p in self.cap]
         self.fmem = [p.memory for p in self.cap]
         self.feph = [p.eph for p in self.cap]
@@ -78,10 +80,26 @@ class ClusterState:
         self.gtype = [p.gpu_type for p in self.cap]
         self._regroup()
 
+    def _cap_vectors(self) -> None:
+        cap = self.cap
+        self.capv = (
+            [p.cpu for p in cap],
+            [p.memory for p in cap],
+            [p.eph for p in cap],
+            [p.gpu for p in cap],
+        )
+
     def _regroup(self) -> None:
         groups: dict[GroupKey, list[int]] = {}
-        for i in range(len(self.cap)):
-            groups.setdefault(self._key(i), []).append(i)
+        get = groups.get
+        for i, k in enumerate(
+            zip(self.fgpu, self.fcpu, self.fmem, self.feph, self.gtype, strict=True)
+        ):
+            g = get(k)
+            if g is None:
+                groups[k] = [i]
+            else:
+                g.append(i)
         self.groups = groups
         self.tcpu = sum(self.fcpu)
         self.tmem = sum(self.fmem)
@@ -94,6 +112,7 @@ class ClusterState:
     def set_nodes(self, caps: Sequence[Pod], frees: Sequence[Pod], names: Sequence[str]) -> None:
         """Replace the node list (a capacity report)."""
         self.cap = list(caps)
+        self._cap_vectors()
         self.node_names = list(names)
         self.fcpu = [p.cpu for p in frees]
         self.fmem = [p.memory for p in frees]
@@ -114,6 +133,7 @@ class ClusterState:
         c.version = self.version
         c.node_names = self.node_names
         c.cap = self.cap
+        c.capv = self.capv
         c.gtype = self.gtype
         return c
 
@@ -134,21 +154,32 @@ class ClusterState:
         Cheaper than ``clone`` then ``give`` per release: free vectors are summed per
         node and the groups are rebuilt once.
         """
-        c = self._shell()
+        return self.with_free(self.released(releases))
+
+    def released(
+        self, releases: Sequence[tuple[Runs, Sequence[int]]]
+    ) -> tuple[list[int], list[int], list[int], list[int]]:
+        """The free vectors (cpu, memory, eph, gpu) with ``releases`` given back."""
         fc, fm, fe, fg = self.fcpu[:], self.fmem[:], self.feph[:], self.fgpu[:]
         n_nodes = len(fc)
         for runs, nodes in releases:
             k = 0
             for pod, n in runs:
+                pc, pm, pe, pg = pod.cpu, pod.memory, pod.eph, pod.gpu
                 for j in range(k, k + n):
                     i = nodes[j]
                     if 0 <= i < n_nodes:
-                        fc[i] += pod.cpu
-                        fm[i] += pod.memory
-                        fe[i] += pod.eph
-                        fg[i] += pod.gpu
+                        fc[i] += pc
+                        fm[i] += pm
+                        fe[i] += pe
+                        fg[i] += pg
                 k += n
-        c.fcpu, c.fmem, c.feph, c.fgpu = fc, fm, fe, fg
+        return fc, fm, fe, fg
+
+    def with_free(self, free: tuple[list[int], list[int], list[int], list[int]]) -> ClusterState:
+        """A scratch copy whose free vectors are ``free`` (taken, not copied)."""
+        c = self._shell()
+        c.fcpu, c.fmem, c.feph, c.fgpu = free
         c._regroup()
         return c
 
