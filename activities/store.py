@@ -46,6 +46,7 @@ from headway.workflows.shared import (
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
 
 __all__ = [
     "FINISH_LEASE",
@@ -155,7 +156,20 @@ class StoreActivities:
         self._commit = _GroupCommit(store)
 
     async def nudge(self, tenant: str, channel: str) -> None:
-        """Signal-with-start the tenant's scheduler: the store has news on ``channel``."""
+        """Signal the tenant's scheduler that the store has news on ``channel``.
+
+        A plain signal first: the scheduler almost always runs, and signal-with-start
+        costs the server a start attempt on top of the signal. Only a scheduler that
+        does not run (first use of a tenant, or it ended) is signal-with-started.
+        """
+        try:
+            await self.client.get_workflow_handle(protocol.scheduler_workflow_id(tenant)).signal(
+                NUDGE_SIGNAL, channel
+            )
+            return
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
         await self.client.start_workflow(
             protocol.SCHEDULER_WORKFLOW,
             SchedulerInput(tenant=tenant, fleet=[c.to_dict() for c in self.fleet]),
