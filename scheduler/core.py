@@ -550,6 +550,10 @@ class Scheduler:
         self._rel_empty: dict[int, tuple[Any, bool]] = {}
         # Per demand: its total.
         self._needs: dict[int, Usage] = {}
+        # Per cluster: (base, last, latest end, earliest end) of the run of admissions
+        # that moved it from version ``base`` to ``last`` with nothing else between, and
+        # when those actions are expected to end (see ``_carried``).
+        self._chain: dict[int, tuple[int, int, float, float]] = {}
         # Per cluster: its releases in time order as of (state, version, env epoch, now),
         # shared by the projections of every demand there (see ``_releases``).
         self._rel_cache: dict[int, tuple[Any, ...]] = {}
@@ -1739,6 +1743,7 @@ class Scheduler:
             chosen = c
             break
         if chosen is not None:
+            before = chosen.version
             if chosen.known:
                 nodes = chosen.place(runs, commit=True, limit=extras[0] if extras else None)
                 assert nodes is not None
@@ -1754,6 +1759,8 @@ class Scheduler:
                 self.envs[a.env] = new_inst
                 q.usage.add(new_inst.usage)
             self._admit(q, a, chosen, nodes, new_inst, now, out)
+            if chosen.known and new_inst is None:
+                self._chain_admit(chosen, before, a.est_end)
             v.ver += 1
             return None
         if room:
@@ -1930,6 +1937,8 @@ class Scheduler:
         """``_project``, cached while the cluster and the clock leave it unchanged."""
         key = (c.index, dkey, easy)
         hit = self._fit_cache.get(key)
+        if hit is not None and hit[0] != c.version:
+            hit = self._carried(c, key, hit)
         if (
             hit is not None
             and hit[0] == c.version
@@ -1955,6 +1964,41 @@ class Scheduler:
         # The cached EASY extra is shared: ``_reserve`` copies the one it keeps.
         cached: tuple[float, ClusterState | None] | None = res
         return cached
+
+    def _carried(
+        self, c: ClusterState, key: tuple[int, int, bool], hit: tuple[Any, ...]
+    ) -> tuple[Any, ...] | None:
+        """A cached projection of ``c`` brought to its current version, if only
+        admissions changed it since and each is expected to end by the time the
+        projection found (see ``_chain``); else None.
+
+        Such an action takes nodes and gives them back by then: before, the demand
+        fits even less; from then on, node by node, the cluster is as it was. So the
+        answer and EASY's extra stay; only the clock horizon may shrink (the action
+        reaching its estimated end moves its release).
+        """
+        ch = self._chain.get(c.index)
+        if ch is None or ch[1] != c.version or ch[0] > hit[0]:
+            return None
+        res = hit[4]
+        if res is not None and ch[2] > res[0]:
+            return None
+        got = (c.version, hit[1], hit[2], min(hit[3], ch[3]), res)
+        self._fit_cache[key] = got
+        return got
+
+    def _chain_admit(self, c: ClusterState, before: int, est_end: float | None) -> None:
+        """Note an admission on ``c`` that moved it from version ``before`` on: the
+        run of admissions since ``_chain``'s base, and when they are expected to end
+        (latest, earliest). An action with no estimate ends the run."""
+        if est_end is None:
+            self._chain.pop(c.index, None)
+            return
+        ch = self._chain.get(c.index)
+        if ch is not None and ch[1] == before:
+            self._chain[c.index] = (ch[0], c.version, max(ch[2], est_end), min(ch[3], est_end))
+        else:
+            self._chain[c.index] = (before, c.version, est_end, est_end)
 
     def _project(
         self, c: ClusterState, runs: Runs, now: float, easy: bool, dkey: int

@@ -333,8 +333,10 @@ class ClusterState:
             return None
         moves: list[tuple[list[int], Pod, int]] = []
         out: list[int] = []
+        # A lone run that is not kept needs no moves: nothing reads them.
+        apply = commit or len(runs) > 1
         for p, n in runs:
-            got = self._place_run(p, n, limit, moves)
+            got = self._place_run(p, n, limit, moves, apply)
             if got is None:
                 for ns, q, m in reversed(moves):
                     self._shift(ns, q, -m)
@@ -348,69 +350,145 @@ class ClusterState:
         return out
 
     def _place_run(
-        self, p: Pod, n: int, limit: ClusterState | None, moves: list[tuple[list[int], Pod, int]]
+        self,
+        p: Pod,
+        n: int,
+        limit: ClusterState | None,
+        moves: list[tuple[list[int], Pod, int]],
+        apply: bool = True,
     ) -> list[int] | None:
-        cands: list[tuple[int, int, list[int], int]] = []
+        cands: list[tuple[int, int, list[int], int, GroupKey]] = []
         total = 0
-        for (fg, fc, fm, fe, gt), idxs in self.groups.items():
-            if p.gpu and p.gpu_type is not None and gt != p.gpu_type:
+        typed = p.gpu and p.gpu_type is not None
+        for key, idxs in self.groups.items():
+            if typed and key[4] != p.gpu_type:
                 continue
-            k = _count(fg, fc, fm, fe, p, n)
+            k = _count(key[0], key[1], key[2], key[3], p, n)
             if k:
-                cands.append((fg, fc, idxs, k))
+                cands.append((key[0], key[1], idxs, k, key))
                 total += k * len(idxs)
         if total < n:
             return None
         cands.sort(key=lambda c: (c[0], c[1], c[2][0]))
         out: list[int] = []
-        takes: dict[int, list[int]] = {}
+        # (pods per node, the nodes' group) -> nodes
+        takes: dict[tuple[int, GroupKey], list[int]] = {}
         remaining = n
         j = 0
-        while j < len(cands) and remaining > 0:
+        nc = len(cands)
+        if limit is not None:
+            lg, lc, lm, le = limit.fgpu, limit.fcpu, limit.fmem, limit.feph
+        while j < nc and remaining > 0:
             fg, fc = cands[j][0], cands[j][1]
             block = [cands[j]]
             j += 1
-            while j < len(cands) and cands[j][0] == fg and cands[j][1] == fc:
+            while j < nc and cands[j][0] == fg and cands[j][1] == fc:
                 block.append(cands[j])
                 j += 1
+            if len(block) == 1 and limit is None:
+                # Every node of the group holds k: fill them in node order.
+                _, _, idxs, k, key = block[0]
+                full = remaining // k
+                ns = idxs[:full]
+                if ns:
+                    t = takes.get((k, key))
+                    if t is None:
+                        takes[(k, key)] = ns
+                    else:
+                        t.extend(ns)
+                    if k == 1:
+                        out.extend(ns)
+                    else:
+                        for i in ns:
+                            out.extend([i] * k)
+                    remaining -= k * len(ns)
+                if remaining and full < len(idxs):
+                    i = idxs[full]
+                    takes.setdefault((remaining, key), []).append(i)
+                    out.extend([i] * remaining)
+                    remaining = 0
+                continue
             if len(block) == 1:
-                seq = [
-                    (i, block[0][3]) for i in block[0][2][: remaining if limit is None else None]
-                ]
+                _, _, idxs, k0, key = block[0]
+                seq = [(i, k0, key) for i in idxs]
             else:
-                seq = sorted((i, k) for _, _, idxs, k in block for i in idxs)
-            for i, k in seq:
+                seq = sorted((i, k, key) for _, _, idxs, k, key in block for i in idxs)
+            for i, k, key in seq:
                 if limit is not None:
-                    k = _count(limit.fgpu[i], limit.fcpu[i], limit.fmem[i], limit.feph[i], p, k)
+                    k = _count(lg[i], lc[i], lm[i], le[i], p, k)
                     if not k:
                         continue
                 m = k if k < remaining else remaining
-                takes.setdefault(m, []).append(i)
+                takes.setdefault((m, key), []).append(i)
                 out.extend([i] * m)
                 remaining -= m
                 if not remaining:
                     break
         if remaining:
             return None
-        # Moves are applied after the walk: a node appears once per run, and the walk
-        # reads a snapshot of each block, so deferring changes nothing but the cost.
-        for m, ns in takes.items():
-            self._shift(ns, p, m)
-            moves.append((ns, p, m))
+        if apply:
+            # Moves are applied after the walk: a node appears once per run, and the
+            # walk reads a snapshot of each block, so deferring changes nothing but
+            # the cost.
+            for (m, key), ns in takes.items():
+                self._shift_from(key, ns, p, m)
+                moves.append((ns, p, m))
         return out
+
+    def _shift_from(self, old: GroupKey, nodes: list[int], pod: Pod, m: int) -> None:
+        """``_shift`` of nodes that all share free vector ``old`` (a group of theirs)."""
+        groups = self.groups
+        lst = groups[old]
+        k = len(nodes)
+        if k == len(lst):
+            del groups[old]
+        elif lst[:k] == nodes:
+            del lst[:k]
+        else:
+            drop = set(nodes)
+            lst[:] = [x for x in lst if x not in drop]
+        dc, dm, de, dg = pod.cpu * m, pod.memory * m, pod.eph * m, pod.gpu * m
+        # Only the dimensions the pod uses move.
+        for d, f in ((dc, self.fcpu), (dm, self.fmem), (de, self.feph), (dg, self.fgpu)):
+            if d:
+                for i in nodes:
+                    f[i] -= d
+        new = (old[0] - dg, old[1] - dc, old[2] - dm, old[3] - de, old[4])
+        g = groups.get(new)
+        if g is None:
+            groups[new] = sorted(nodes)
+        else:
+            g.extend(nodes)
+            g.sort()
+        self.tcpu -= dc * k
+        self.tmem -= dm * k
+        self.teph -= de * k
+        self.tgpu -= dg * k
 
 
 def _count(fg: int, fc: int, fm: int, fe: int, p: Pod, n: int) -> int:
     """How many copies of ``p`` (at most ``n``) fit in a node with this much free."""
     k = n
-    if p.gpu:
-        k = min(k, fg // p.gpu)
-    if p.cpu:
-        k = min(k, fc // p.cpu)
-    if p.memory:
-        k = min(k, fm // p.memory)
-    if p.eph:
-        k = min(k, fe // p.eph)
+    d = p.gpu
+    if d:
+        x = fg // d
+        if x < k:
+            k = x
+    d = p.cpu
+    if d:
+        x = fc // d
+        if x < k:
+            k = x
+    d = p.memory
+    if d:
+        x = fm // d
+        if x < k:
+            k = x
+    d = p.eph
+    if d:
+        x = fe // d
+        if x < k:
+            k = x
     return k
 
 
