@@ -33,7 +33,7 @@ from heapq import heapify, heappop, heappush
 from operator import attrgetter
 from typing import Any, Protocol
 
-from .fit import ClusterState, Runs, runs_of, sort_pods
+from .fit import ClusterState, Runs, runs_of, sort_pods, uniform
 from .model import (
     ActionSpec,
     Algorithm,
@@ -513,7 +513,7 @@ class Scheduler:
         self._env_epoch = 0
         self._org_epoch = 0
         self._hist_epoch = 0
-        self._dkeys: dict[tuple[Pod, ...], int] = {}
+        self._dkeys: dict[Any, int] = {}
         self._classes: dict[tuple[Any, ...], int] = {}
         self._could_hold: dict[tuple[int, int], bool] = {}
         # The queues in visiting order, while ``_qorder_ver`` (bumped by anything that
@@ -695,9 +695,13 @@ class Scheduler:
     # ------------------------------------------------------------------ actions
 
     def _dkey(self, pods: tuple[Pod, ...]) -> int:
-        k = self._dkeys.get(pods)
+        # A long gang of one pod object is keyed by (pod, count): hashing the tuple
+        # hashes every pod. (An equal gang of distinct objects may get another key:
+        # keys only share work between equal demands, they never tell them apart.)
+        key: Any = (pods[0], len(pods)) if uniform(pods) else pods
+        k = self._dkeys.get(key)
         if k is None:
-            k = self._dkeys[pods] = len(self._dkeys)
+            k = self._dkeys[key] = len(self._dkeys)
         return k
 
     def _classify(self, a: _Action) -> None:

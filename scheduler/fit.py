@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from .model import ClusterSpec
 from .resources import Pod
 
-__all__ = ["ClusterState", "GroupKey", "Runs", "runs_of", "sort_pods"]
+__all__ = ["ClusterState", "GroupKey", "Runs", "runs_of", "sort_pods", "uniform"]
 
 # (free gpu, free cpu, free memory, free eph, gpu type of the node)
 GroupKey = tuple[int, int, int, int, str | None]
@@ -28,7 +28,18 @@ Runs = tuple[tuple[Pod, int], ...]
 
 def sort_pods(pods: Sequence[Pod]) -> tuple[Pod, ...]:
     """Largest first (GPU, CPU, memory, ephemeral storage); ties keep declared order."""
+    if uniform(pods):
+        return tuple(pods)
     return tuple(sorted(pods, key=lambda p: (-p.gpu, -p.cpu, -p.memory, -p.eph)))
+
+
+def uniform(pods: Sequence[Pod]) -> bool:
+    """Is a long gang one pod object repeated (an SWF job, replicas)? Such a gang
+    needs no sorting or comparing pod by pod."""
+    if len(pods) < 8:
+        return False
+    p0 = pods[0]
+    return all(p is p0 for p in pods)
 
 
 class ClusterState:
@@ -494,6 +505,8 @@ def _count(fg: int, fc: int, fm: int, fe: int, p: Pod, n: int) -> int:
 
 def runs_of(pods: Sequence[Pod]) -> Runs:
     """Group consecutive identical pods: ``(pod, count)`` runs."""
+    if uniform(pods):
+        return ((pods[0], len(pods)),)
     out: list[tuple[Pod, int]] = []
     for p in pods:
         if out and out[-1][0] == p:

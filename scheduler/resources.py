@@ -247,6 +247,10 @@ class Usage:
     @staticmethod
     def of(pods: Iterable[Pod]) -> Usage:
         u = Usage()
+        if isinstance(pods, tuple) and len(pods) >= 8 and all(p is pods[0] for p in pods):
+            # One pod object repeated (an SWF job): add it once, scaled.
+            u.add_pod(pods[0].scaled(len(pods)))
+            return u
         for p in pods:
             u.add_pod(p)
         return u
