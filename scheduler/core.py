@@ -503,6 +503,11 @@ class Scheduler:
         self._selsets: dict[tuple[str, ...], frozenset[str]] = {}
         # ``_changes``' answers within a pass.
         self._chg_cache: dict[tuple[Any, ...], frozenset[str] | set[str] | None] = {}
+        # ``_evals_still``'s changed clusters that are healthy, and which have room for
+        # each demand, per ``_changes`` answer (by identity) within a pass.
+        self._dr_cache: dict[
+            int, tuple[Any, list[ClusterState], dict[int, list[ClusterState]]]
+        ] = {}
         # What the visit in progress depends on (copied to its queue when it ends).
         self._vevals: list[_Eval] = []
         self._vrooms: dict[int, set[str]] = {}
@@ -942,6 +947,7 @@ class Scheduler:
         self._infeasible = set()
         self._noroom = set()
         self._chg_cache = {}
+        self._dr_cache = {}
         # Holds and reservations bind the queues after the one that made them. A queue
         # may be skipped only if what came before it this pass is what came before it
         # last pass: track where this pass's effects first differ from the last's.
@@ -1142,11 +1148,17 @@ class Scheduler:
         gets a full visit, which replaces them all.
         """
         clusters = self.clusters
-        ds: list[ClusterState] = []
-        for n in changed:
-            c = clusters.get(n)
-            if c is not None and c.healthy:
-                ds.append(c)
+        # Queues standing at the same place in the log share ``changed`` (``_changes``)
+        # and, capacity being the same for them, which of its clusters have room.
+        hit = self._dr_cache.get(id(changed))
+        if hit is None or hit[0] is not changed:
+            ds: list[ClusterState] = []
+            for n in changed:
+                c = clusters.get(n)
+                if c is not None and c.healthy:
+                    ds.append(c)
+            hit = self._dr_cache[id(changed)] = (changed, ds, {})
+        ds = hit[1]
         if not ds:
             return True
         holds = self._holds
@@ -1158,7 +1170,7 @@ class Scheduler:
         rooms_of = q.rooms
         for rs in rooms_of.values():
             rs.difference_update(changed)
-        now_room: dict[int, list[ClusterState]] = {}
+        now_room: dict[int, list[ClusterState]] = hit[2]
         for e in q.evals:
             dkey = e.dkey
             dr = now_room.get(dkey)

@@ -411,3 +411,110 @@ def _drive_bursts(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
 def test_completion_bursts_match_the_plain_loop(seed: int) -> None:
     sc = completion_scenario(13000 + seed)
     assert _drive_bursts(sc, seed, True) == _drive_bursts(sc, seed, False)
+
+
+# --- a full fleet: reservations that move, projections that empty a cluster -------------
+#
+# Like ``bench/core_pass.py`` in small: every node taken by long-running work that ends at
+# one estimated time (so projections give every cluster back empty), a strict gang high
+# up that holds clusters, reserving queues whose heads' reservations move from cluster to
+# cluster as work ends early, long gangs of one pod object, and admissions whose estimated
+# end falls before or after a reservation.
+
+
+def full_fleet(seed: int) -> tuple[list[ClusterSpec], list[QueueSpec], list[ActionSpec]]:
+    rng = random.Random(seed)
+    shapes = [
+        Pod(cpu=16_000, memory=64 * GI),
+        Pod(cpu=32_000, memory=128 * GI, gpu=4, gpu_type="H200"),
+    ]
+    n_cl = rng.randint(2, 5)
+    clusters = [
+        ClusterSpec(f"c{i}", tuple(NodeGroup(f"g{j}", 2, s) for j, s in enumerate(shapes)))
+        for i in range(n_cl)
+    ]
+    queues: list[QueueSpec] = []
+    actions: list[ActionSpec] = []
+    seq = 0
+    for i in range(n_cl):
+        queues.append(
+            QueueSpec(
+                f"fill{i}",
+                priority=Priority.critical,
+                algorithm=Algorithm.greedy,
+                clusters=(f"c{i}",),
+            )
+        )
+        for s in reversed(shapes):
+            for _ in range(2):
+                seq += 1
+                actions.append(
+                    ActionSpec(f"f{seq}", f"fill{i}", (s,), submit=0.0, seq=seq, estimate=1000.0)
+                )
+    small = Pod(cpu=1_000, memory=2 * GI)
+    palette = [
+        (Pod(cpu=2_000, memory=8 * GI),),
+        (Pod(cpu=8_000, memory=16 * GI, gpu=1, gpu_type="H200"),),
+        replicas_demand(Pod(cpu=16_000, memory=64 * GI, gpu=4, gpu_type="H200"), 2),
+        (small,) * 8,  # a long gang of one pod object
+        (small,) * 12,
+    ]
+    names = [c.name for c in clusters]
+    for k in range(rng.randint(3, 7)):
+        algo = ALGOS[(seed + k) % 4] if k < 4 else rng.choice(ALGOS)
+        sel = None
+        if rng.random() < 0.3:
+            sel = tuple(sorted(rng.sample(names, rng.randint(1, len(names)))))
+        queues.append(
+            QueueSpec(
+                f"q{k}", priority=rng.choice(list(Priority)[1:4]), algorithm=algo, clusters=sel
+            )
+        )
+        for _ in range(rng.randint(4, 14)):
+            seq += 1
+            actions.append(
+                ActionSpec(
+                    f"a{seq}",
+                    f"q{k}",
+                    rng.choice(palette),
+                    run=f"r{rng.randint(0, 4)}",
+                    task=f"t{rng.randint(0, 2)}",
+                    submit=0.0,
+                    seq=seq,
+                    estimate=rng.choice([None, 5.0, 50.0, 500.0, 5000.0]),
+                )
+            )
+    return clusters, queues, actions
+
+
+def _drive_full_fleet(seed: int, incremental: bool) -> list[Any]:
+    clusters, queues, actions = full_fleet(seed)
+    rng = random.Random(seed)
+    s = Scheduler(clusters, queues, incremental=incremental)
+    log: list[Any] = []
+    for a in actions:
+        log.append(("submit", a.id, s.submit(a, 0.0)))
+    now = 0.0
+    running = [a.action_id for a in s.schedule(now)]
+    for step in range(120):
+        if not running:
+            break
+        now += rng.choice([0.0, 1.0, 3.0, 20.0])
+        for _ in range(1 if rng.random() < 0.8 else 3):
+            if running:
+                s.finish(running.pop(rng.randrange(len(running))), now, record=rng.random() < 0.7)
+        if rng.random() < 0.1:
+            s.invalidate()
+        if step == 60:
+            s = Scheduler.from_snapshot(s.to_snapshot())
+            s.incremental = incremental
+        adm = s.schedule(now)
+        running.extend(a.action_id for a in adm)
+        log.append(("adm", now, adm))
+        log.append(("why", sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())))
+    return log
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_full_fleet_matches_the_plain_loop(seed: int) -> None:
+    assert _drive_full_fleet(20000 + seed, True) == _drive_full_fleet(20000 + seed, False)
