@@ -329,6 +329,14 @@ class ClusterState:
             or need_gpu > self.tgpu
         ):
             return None
+        if limit is not None and (
+            need_cpu > limit.tcpu
+            or need_mem > limit.tmem
+            or need_eph > limit.teph
+            or need_gpu > limit.tgpu
+        ):
+            # Every pod must fit in the limit too: its totals must hold the gang.
+            return None
         if not commit and limit is None and len(runs) == 1:
             # Feasibility of identical pods is a count: no need to pick nodes.
             p, n = runs[0]
