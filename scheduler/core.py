@@ -1969,9 +1969,20 @@ class Scheduler:
             # The projection holds until a running action reaches its estimated end
             # (it would then end "now" instead).
             horizon = self._horizon
-            for a in self.on_cluster.get(c.name, {}).values():
-                if a.est_end is not None and now < a.est_end < horizon:
-                    horizon = a.est_end
+            rel = self._rel_cache.get(c.index)
+            if (
+                rel is not None
+                and rel[5] is not None
+                and rel[0] is c
+                and rel[1] == c.version
+                and rel[2] == self._env_epoch
+                and rel[3] == now
+            ):
+                horizon = min(horizon, rel[5])
+            else:
+                for a in self.on_cluster.get(c.name, {}).values():
+                    if a.est_end is not None and now < a.est_end < horizon:
+                        horizon = a.est_end
             self._fit_cache[key] = (c.version, self._env_epoch, now, horizon, res)
             self._horizon = min(outer, horizon)
             return res
@@ -2051,11 +2062,17 @@ class Scheduler:
             cached: list[tuple[float, int, Runs, list[int], Usage]] | None = hit[4]
             return cached
         releases: list[tuple[float, int, Runs, list[int], Usage]] = []
+        # The earliest estimated end still ahead: projections here hold until then
+        # (see ``_earliest_fit``).
+        nxt = _INF
         for a in self.on_cluster.get(c.name, {}).values():
             t = self._release_time(a, now)
             if t is None:
-                self._rel_cache[c.index] = (c, c.version, self._env_epoch, now, None)
+                self._rel_cache[c.index] = (c, c.version, self._env_epoch, now, None, None)
                 return None
+            e = a.est_end
+            if e is not None and now < e < nxt:
+                nxt = e
             if a.nodes:
                 releases.append((t, a.seq, a.runs, a.nodes, a.usage))
         for inst in self.envs.values():
@@ -2070,7 +2087,7 @@ class Scheduler:
                 t = inst.expires_at if inst.expires_at is not None else now
             releases.append((max(t, now), -1, inst.runs, inst.nodes, inst.usage))
         releases.sort(key=lambda r: (r[0], r[1]))
-        self._rel_cache[c.index] = (c, c.version, self._env_epoch, now, releases)
+        self._rel_cache[c.index] = (c, c.version, self._env_epoch, now, releases, nxt)
         return releases
 
     def _project_from(
