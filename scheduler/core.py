@@ -89,6 +89,8 @@ class Admitted:
 
 class _Action:
     __slots__ = (
+        "_last",
+        "_reasons",
         "charged",
         "ck",
         "ck_est",
@@ -101,12 +103,10 @@ class _Action:
         "est_end",
         "id",
         "inst",
-        "last",
         "nodes",
         "pods",
         "pos",
         "queue",
-        "reasons",
         "run",
         "runs",
         "seq",
@@ -133,8 +133,8 @@ class _Action:
         self.env = spec.environment
         self.env_declared = False
         self.state = "waiting"
-        self.reasons: list[str] = []
-        self.last: str | None = None
+        self._reasons: list[str] = []
+        self._last: str | None = None
         self.cluster: str | None = None
         self.nodes: list[int] = []
         self.start = 0.0
@@ -149,11 +149,50 @@ class _Action:
         self.cls: _Class | None = None
         self.pos = 0
 
+    # A reason given to a whole stretch of a class is recorded on the class (see
+    # ``_Class.settle``), so the fields may lag behind: every read goes through these.
+    @property
+    def last(self) -> str | None:
+        c = self.cls
+        if c is not None and c.lazy:
+            c.sync(self)
+        return self._last
+
+    @last.setter
+    def last(self, r: str | None) -> None:
+        self._last = r
+
+    @property
+    def reasons(self) -> list[str]:
+        c = self.cls
+        if c is not None and c.lazy:
+            c.sync(self)
+        return self._reasons
+
+    @reasons.setter
+    def reasons(self, rs: list[str]) -> None:
+        self._reasons = rs
+
     def note(self, reason: str) -> None:
-        if reason != self.last:
-            self.last = reason
-            if reason not in self.reasons:
-                self.reasons.append(reason)
+        """Record a reason (the fields must be up to date: see ``_Class.sync``)."""
+        if reason != self._last:
+            self._last = reason
+            if reason not in self._reasons:
+                self._reasons.append(reason)
+
+
+def _catch_up(a: _Action, pend: tuple[str, ...], last: str | None) -> None:
+    """Bring ``a``'s fields up to date with the notes a class recorded for it.
+
+    ``pend`` is every reason noted since the fields were last written, once each in the
+    order first noted, and ``last`` the latest: appending the ones ``a`` has not had
+    yet is what noting them one by one would have done. Doing it twice changes nothing.
+    """
+    rl = a._reasons
+    for x in pend:
+        if x not in rl:
+            rl.append(x)
+    a._last = last
 
 
 class _Queue:
@@ -236,9 +275,15 @@ class _Class:
     their recorded reasons run-length encoded (every member from ``starts[k]`` up to
     the next start has ``last == reasons[k]``), so that giving a stretch of members the
     reason most of them already have costs nothing per member.
+
+    Giving a long stretch a new reason costs nothing per member either: the run keeps
+    what its members were noted since their fields were last written (``pend[k]``, see
+    ``_catch_up``), and a member's fields catch up only when read (``sync``), when it
+    leaves the class, or when the classes are rebuilt or walked member by member
+    (``flush``). ``lazy``: whether any run has notes pending.
     """
 
-    __slots__ = ("ck", "ck_est", "m", "pk", "reasons", "run", "starts")
+    __slots__ = ("ck", "ck_est", "lazy", "m", "pend", "pk", "reasons", "run", "starts")
 
     def __init__(self, pk: Any, a: _Action) -> None:
         self.pk = pk
@@ -248,75 +293,129 @@ class _Class:
         self.m: list[_Action] = []
         self.starts: list[int] = []
         self.reasons: list[str | None] = []
+        self.pend: list[tuple[str, ...]] = []
+        self.lazy = False
 
     def append(self, a: _Action) -> None:
+        """Add a member after the others (its fields must be up to date)."""
         self.m.append(a)
-        if not self.reasons or self.reasons[-1] != a.last:
+        if not self.reasons or self.reasons[-1] != a._last or self.pend[-1]:
             self.starts.append(len(self.m) - 1)
-            self.reasons.append(a.last)
+            self.reasons.append(a._last)
+            self.pend.append(())
 
     def recount(self) -> None:
         """Rebuild the runs from the members (after reasons were set around them)."""
+        self.flush()
         m = self.m
-        self.m, self.starts, self.reasons = [], [], []
+        self.m, self.starts, self.reasons, self.pend = [], [], [], []
         for a in m:
             self.append(a)
 
+    def sync(self, a: _Action) -> None:
+        """Bring member ``a``'s fields up to date."""
+        i = bisect_left(self.m, a.pos, key=_POS)
+        k = bisect_right(self.starts, i) - 1
+        p = self.pend[k]
+        if p:
+            _catch_up(a, p, self.reasons[k])
+
+    def flush(self) -> None:
+        """Bring every member's fields up to date."""
+        if not self.lazy:
+            return
+        st, rs, pd, m = self.starts, self.reasons, self.pend, self.m
+        nk = len(st)
+        for k in range(nk):
+            p = pd[k]
+            if p:
+                r = rs[k]
+                for a in m[st[k] : st[k + 1] if k + 1 < nk else len(m)]:
+                    _catch_up(a, p, r)
+        self.starts, self.reasons, self.pend = _merge_runs(st, rs, [()] * nk)
+        self.lazy = False
+
     def settle(self, i: int, j: int, r: str) -> None:
-        """Give members ``i`` to ``j - 1`` the reason ``r``, touching only those whose
-        last reason differs (for the others ``note`` would do nothing)."""
-        st, rs = self.starts, self.reasons
+        """Give members ``i`` to ``j - 1`` the reason ``r``: a run whose members have
+        it already is left alone (``note`` would do nothing), a single member is noted
+        at once, a longer stretch only records the note on its run."""
+        st, rs, pd = self.starts, self.reasons, self.pend
         n = len(self.m)
         nk = len(st)
         k = bisect_right(st, i) - 1
         if rs[k] == r and j <= (st[k + 1] if k + 1 < nk else n):
             return
         m = self.m
-        kk = k
-        while kk < nk and st[kk] < j:
-            if rs[kk] != r:
-                for a in m[max(st[kk], i) : min(st[kk + 1] if kk + 1 < nk else n, j)]:
-                    a.note(r)
-            kk += 1
-        # Runs k..kk-1 overlap [i, j): keep what lies outside it, make [i, j) one run.
-        tail = st[kk] if kk < nk else n
         new_st = st[:k]
         new_rs = rs[:k]
+        new_pd = pd[:k]
         if st[k] < i:
             new_st.append(st[k])
             new_rs.append(rs[k])
-        new_st.append(i)
-        new_rs.append(r)
+            new_pd.append(pd[k])
+        kk = k
+        while kk < nk and st[kk] < j:
+            p = pd[kk]
+            lo = st[kk] if st[kk] > i else i
+            if rs[kk] != r:
+                if j - i == 1:
+                    a = m[i]
+                    if p:
+                        _catch_up(a, p, rs[kk])
+                    a.note(r)
+                    p = ()
+                elif r not in p:
+                    p = (*p, r)
+            new_st.append(lo)
+            new_rs.append(r)
+            new_pd.append(p)
+            kk += 1
+        # Runs k..kk-1 overlap [i, j): keep what lies outside it.
+        tail = st[kk] if kk < nk else n
         if j < tail:
             new_st.append(j)
             new_rs.append(rs[kk - 1])
+            new_pd.append(pd[kk - 1])
         new_st += st[kk:]
         new_rs += rs[kk:]
-        self.starts, self.reasons = _merge_runs(new_st, new_rs)
+        new_pd += pd[kk:]
+        self.starts, self.reasons, self.pend = _merge_runs(new_st, new_rs, new_pd)
+        self.lazy = any(self.pend)
+        if self.lazy and len(self.starts) > 64:
+            # Runs that differ only in what they have pending: write it out.
+            self.flush()
 
     def remove(self, i: int) -> None:
-        """Drop member ``i`` (admitted or cancelled)."""
-        del self.m[i]
-        st, rs = self.starts, self.reasons
+        """Drop member ``i`` (admitted or cancelled), its fields brought up to date."""
+        st, rs, pd = self.starts, self.reasons, self.pend
         k = bisect_right(st, i) - 1
+        if pd[k]:
+            _catch_up(self.m[i], pd[k], rs[k])
+        del self.m[i]
         for x in range(k + 1, len(st)):
             st[x] -= 1
         if (st[k + 1] if k + 1 < len(st) else len(self.m)) == st[k]:
             del st[k]
             del rs[k]
-            self.starts, self.reasons = _merge_runs(st, rs)
+            del pd[k]
+            self.starts, self.reasons, self.pend = _merge_runs(st, rs, pd)
+            self.lazy = any(self.pend)
 
 
-def _merge_runs(st: list[int], rs: list[str | None]) -> tuple[list[int], list[str | None]]:
+def _merge_runs(
+    st: list[int], rs: list[str | None], pd: list[tuple[str, ...]]
+) -> tuple[list[int], list[str | None], list[tuple[str, ...]]]:
     if not st:
-        return st, rs
+        return st, rs, pd
     out_s = [st[0]]
     out_r = [rs[0]]
-    for x, r in zip(st[1:], rs[1:], strict=True):
-        if r != out_r[-1]:
+    out_p = [pd[0]]
+    for x, r, p in zip(st[1:], rs[1:], pd[1:], strict=True):
+        if r != out_r[-1] or p != out_p[-1]:
             out_s.append(x)
             out_r.append(r)
-    return out_s, out_r
+            out_p.append(p)
+    return out_s, out_r, out_p
 
 
 class _EnvInstance:
@@ -800,6 +899,7 @@ class Scheduler:
             from bisect import insort
 
             insort(w, a, key=lambda x: (x.submit, x.seq))
+            self._flush(q)
             q.cls_mode = None  # positions are renumbered when the classes are rebuilt
         q.epoch += 1
         self._qorder_ver += 1
@@ -1117,8 +1217,16 @@ class Scheduler:
     def _views_same(self, q: _Queue, changed: set[str] | frozenset[str]) -> bool:
         """Do the holds and reservations at the clusters where ``q``'s last visit found
         room (outside ``changed``) look as they did then?"""
+        holds, resv = self._holds, self._resv
         for name, view in q.views.items():
-            if name not in changed and self._view(name) != view:
+            # ``_view``'s common answers inlined: most clusters are held, or bare.
+            if name in holds:
+                if view is not _HELD and view != _HELD and name not in changed:
+                    return False
+            elif name not in resv:
+                if view is not _OPEN and view != _OPEN and name not in changed:
+                    return False
+            elif name not in changed and self._view(name) != view:
                 return False
         return True
 
@@ -1161,16 +1269,16 @@ class Scheduler:
         ds = hit[1]
         if not ds:
             return True
+        now_room: dict[int, list[ClusterState]] = hit[2]
+        room = self._room
         holds = self._holds
         resv = self._resv
-        room = self._room
         own_held = q.resv_rec.held if q.resv_rec is not None else _NO_CHANGE
         # Per demand: the clusters with room (for a fit that walks them all), as they
         # will be: the changed ones leave, those of them with room now come back.
         rooms_of = q.rooms
         for rs in rooms_of.values():
             rs.difference_update(changed)
-        now_room: dict[int, list[ClusterState]] = hit[2]
         for e in q.evals:
             dkey = e.dkey
             dr = now_room.get(dkey)
@@ -1208,8 +1316,9 @@ class Scheduler:
                 continue
             if first is None:
                 return False  # room appeared where there was none
-            if first in rooms:
-                if not dr and first not in changed:
+            if first in rooms and first not in changed:
+                # The order is by free capacity: only the changed clusters moved in it.
+                if not dr:
                     continue  # the same first cluster, turning it away as before
                 best = clusters[first]
                 bk = _order_key(best)
@@ -1508,13 +1617,14 @@ class Scheduler:
         get = memo.get
         # Reasons are recorded past the classes' runs: recount them before a walk.
         q.runs_ok = False
+        self._flush(q)
         for a in q.waiting:
             key: Any = a.ck_est if resv else a.ck
             if run_gates:
                 key = (key, a.run)
             m = get(key)
             if m is not None and m[0] == ver:
-                if m[1] != a.last:
+                if m[1] != a._last:
                     a.note(m[1])
                 continue
             r = self._consider(q, a, v, now, out)
@@ -1607,6 +1717,7 @@ class Scheduler:
     def _build_classes(self, q: _Queue, mode: tuple[bool, bool]) -> None:
         """Group a queue's waiting actions by decision class (``mode``: whether the
         estimate, and the run, are part of the class) and number their positions."""
+        self._flush(q)
         q.cls = {}
         q.cls_mode = mode
         q.runs_ok = True
@@ -1623,6 +1734,12 @@ class Scheduler:
             c = q.cls[pk] = _Class(pk, a)
         c.append(a)
         a.cls = c
+
+    def _flush(self, q: _Queue) -> None:
+        """Bring the fields of every waiting action of ``q`` up to date (see _Class)."""
+        for c in q.cls.values():
+            if c.lazy:
+                c.flush()
 
     def _unlist(self, q: _Queue, a: _Action) -> None:
         c = a.cls
@@ -2196,6 +2313,7 @@ class Scheduler:
         """Per queue: its policy, what waits and runs, its usage and a blocking head."""
         out: dict[str, dict[str, Any]] = {}
         for name, q in self.queues.items():
+            self._flush(q)
             reasons: dict[str, int] = {}
             for a in q.waiting:
                 if a.last:
@@ -2230,6 +2348,9 @@ class Scheduler:
                 k = demand_ix[pods] = len(demands)
                 demands.append([_pod_row(p) for p in pods])
             return k
+
+        for q in self.queues.values():
+            self._flush(q)
 
         def row(a: _Action) -> list[Any]:
             sp = a.spec
