@@ -468,10 +468,11 @@ class _Eval:
     cluster with room. ``first``: the first cluster with room in placement order (when
     blocked: just one with room), or None. ``reason``: the answer. ``acts``: the
     actions of every fit that ended alike (same demand, ``blocked``, ``first`` and
-    reason; see ``_group_evals``).
+    reason; see ``_group_evals``). ``fkey``: ``first``'s placement order key, once
+    worked out (it stays while ``first``'s capacity does).
     """
 
-    __slots__ = ("a", "acts", "blocked", "dkey", "first", "reason", "runs")
+    __slots__ = ("a", "acts", "blocked", "dkey", "first", "fkey", "reason", "runs")
 
     def __init__(
         self, a: _Action, dkey: int, runs: Runs, blocked: bool, first: str | None, reason: Reason
@@ -483,6 +484,7 @@ class _Eval:
         self.first = first
         self.reason = reason
         self.acts = [a]
+        self.fkey: tuple[Any, ...] | None = None
 
 
 def _group_evals(evals: list[_Eval]) -> list[_Eval]:
@@ -602,10 +604,17 @@ class Scheduler:
         self._selsets: dict[tuple[str, ...], frozenset[str]] = {}
         # ``_changes``' answers within a pass.
         self._chg_cache: dict[tuple[Any, ...], frozenset[str] | set[str] | None] = {}
-        # ``_evals_still``'s changed clusters that are healthy, and which have room for
-        # each demand, per ``_changes`` answer (by identity) within a pass.
+        # ``_evals_still``'s changed clusters that are healthy, which have room for each
+        # demand, and their placement order keys, per ``_changes`` answer (by identity)
+        # within a pass.
         self._dr_cache: dict[
-            int, tuple[Any, list[ClusterState], dict[int, list[ClusterState]]]
+            int,
+            tuple[
+                Any,
+                list[ClusterState],
+                dict[int, list[ClusterState]],
+                dict[str, tuple[Any, ...]],
+            ],
         ] = {}
         # What the visit in progress depends on (copied to its queue when it ends).
         self._vevals: list[_Eval] = []
@@ -1265,8 +1274,14 @@ class Scheduler:
                 c = clusters.get(n)
                 if c is not None and c.healthy:
                     ds.append(c)
-            hit = self._dr_cache[id(changed)] = (changed, ds, {})
+            hit = self._dr_cache[id(changed)] = (
+                changed,
+                ds,
+                {},
+                {c.name: _order_key(c) for c in ds},
+            )
         ds = hit[1]
+        dkeys: dict[str, tuple[Any, ...]] = hit[3]
         if not ds:
             return True
         now_room: dict[int, list[ClusterState]] = hit[2]
@@ -1294,6 +1309,7 @@ class Scheduler:
                     if first is None:
                         return False  # NoClusterCapacity would become HeldForGang
                     e.first = dr[0].name
+                    e.fkey = None
                 elif first is not None:
                     return False  # its witness lost room: the others are not known
                 continue
@@ -1321,13 +1337,16 @@ class Scheduler:
                 if not dr:
                     continue  # the same first cluster, turning it away as before
                 best = clusters[first]
-                bk = _order_key(best)
+                bk = e.fkey
+                if bk is None:
+                    bk = _order_key(best)
                 for c in dr:
-                    k = _order_key(c)
+                    k = dkeys[c.name]
                     if k < bk:
                         best, bk = c, k
             else:
                 best = min((clusters[n] for n in rooms), key=_order_key)
+                bk = _order_key(best)
             bn = best.name
             if bn != first or bn in changed:
                 # A cluster that turns the action away: held, else reserved.
@@ -1337,11 +1356,20 @@ class Scheduler:
                 if r is not e.reason:
                     return False
             e.first = bn
+            e.fkey = bk
         views = q.views
         for c in ds:
             n = c.name
-            if any(n in rs for rs in rooms_of.values()):
-                views[n] = self._view(n)
+            for rs in rooms_of.values():
+                if n in rs:
+                    # ``_view``'s common answers inlined: most clusters are held, or bare.
+                    if n in holds:
+                        views[n] = _HELD
+                    elif n not in resv:
+                        views[n] = _OPEN
+                    else:
+                        views[n] = self._view(n)
+                    break
             else:
                 views.pop(n, None)
         return True
