@@ -7,8 +7,10 @@
 * ``pending_leases_1m``: 1M pending leases in the store (SQLite): the refill sync of a
   window plus one core pass over it, and the carried state of a scheduler over it.
 * ``isolation``: completion latency of a 5-action run in tenant A, idle vs. while tenant B
-  ingests a 10k backlog (bulk-loaded leases flowing through B's scheduler), alternating
-  over rounds after a warm-up; median of per-round ratios.
+  ingests a 10k backlog (bulk-loaded leases flowing through B's scheduler). Each round
+  times three runs of A idle, then three while B drains (the first right after B is
+  nudged); the round's ratio is median busy / median idle; the figure is the median of
+  the rounds' ratios.
 
     python bench/scheduler_history.py [--n 500] [--rounds 3] [--million 1000000]
 """
@@ -36,6 +38,9 @@ from headway.worker.control_plane import build_control_plane_worker
 from headway.workflows import client as hw
 from temporalio.client import Client
 from temporalio.worker import Worker
+
+#: Runs of tenant A timed per round, idle and under B's backlog.
+SAMPLES = 3
 
 DEMAND = DemandRequest(resources={"cpu": "100m", "memory": "64Mi"})
 SPEC_POD = [{"cpu": 100, "memory": 64 * 2**20}]
@@ -177,20 +182,32 @@ async def main() -> None:
             c10k = await carried_with_pending(client, store, 10_000)
             c100k = await carried_with_pending(client, store, 100_000)
             print(f"carried: 10k pending {c10k} B, 100k pending {c100k} B")
-            # Isolation: A's 5-action run, idle vs. while B ingests a backlog.
+            # Isolation: A's 5-action run, idle vs. while B ingests a backlog. Each round
+            # times SAMPLES runs of A on an idle system, then SAMPLES runs of A while B's
+            # backlog drains (the first as soon as B is nudged, the rest back to back);
+            # the round's ratio is median(busy) / median(idle).
             await hw.upsert_queue(client, "iso-a", {"name": "q"}, fleet)
             await hw.upsert_queue(client, "iso-b", {"name": "q"}, fleet)
             await run_actions(client, "iso-a", "warm", 5)
-            idle, busy, ratios = [], [], []
+            idle, busy, ratios, overlap = [], [], [], []
             for r in range(args.rounds):
-                i_ms = await run_actions(client, "iso-a", f"idle{r}", 5)
+                i_ms = [
+                    await run_actions(client, "iso-a", f"idle{r}-{k}", 5) for k in range(SAMPLES)
+                ]
                 store.put_many("iso-b", lease_rows(f"b{r}-", "q", args.backlog))
                 await hw.nudge_scheduler(client, "iso-b", ["q"])
-                b_ms = await run_actions(client, "iso-a", f"busy{r}", 5)
-                idle.append(i_ms)
-                busy.append(b_ms)
-                ratios.append(b_ms / i_ms)
-                print(f"round {r}: idle {i_ms:.0f} ms, under backlog {b_ms:.0f} ms")
+                b_ms = []
+                for k in range(SAMPLES):
+                    b_ms.append(await run_actions(client, "iso-a", f"busy{r}-{k}", 5))
+                    # Only runs that ended while B still had work count as "under backlog".
+                    overlap.append(store.pending_count("iso-b") > 0)
+                idle += i_ms
+                busy += b_ms
+                ratios.append(statistics.median(b_ms) / statistics.median(i_ms))
+                print(
+                    f"round {r}: idle {[round(x) for x in i_ms]} ms,"
+                    f" under backlog {[round(x) for x in b_ms]} ms, ratio {ratios[-1]:.2f}"
+                )
                 # Let B drain before the next idle measurement.
                 for _ in range(600):
                     if store.pending_count("iso-b") == 0:
@@ -221,6 +238,8 @@ async def main() -> None:
             "ratio_max": round(max(ratios), 3),
             "backlog": args.backlog,
             "run_actions": 5,
+            "samples_per_round": SAMPLES,
+            "busy_runs_overlapping_backlog": f"{sum(overlap)}/{len(overlap)}",
         },
     }
     print(json.dumps(out))
