@@ -1101,6 +1101,10 @@ class Scheduler:
                     for cname, r in q.last_resv:
                         self._reserve_on(cname, r)
                     q.cap_pos = cap_end
+                    # Its records now stand for this pass's upstream (the views were
+                    # checked against it, or it is the last one's): the next pass
+                    # compares against this one.
+                    q.last_up_len = up
                     self.skipped_visits += 1
                     continue
             n_effects = up
@@ -1294,6 +1298,11 @@ class Scheduler:
         rooms_of = q.rooms
         for rs in rooms_of.values():
             rs.difference_update(changed)
+        # Fits whose "no room anywhere" became "room, but every cluster with it turns
+        # the action away", where that only changes the reason of the members that
+        # shared the answer (see ``_flip``): their records, changed as they go.
+        algo = q.spec.algorithm
+        flips: list[_Eval] = []
         for e in q.evals:
             dkey = e.dkey
             dr = now_room.get(dkey)
@@ -1307,7 +1316,10 @@ class Scheduler:
                     continue
                 if dr:
                     if first is None:
-                        return False  # NoClusterCapacity would become HeldForGang
+                        if algo is not Algorithm.strict:
+                            return False  # NoClusterCapacity would become HeldForGang
+                        e.reason = Reason.HeldForGang
+                        flips.append(e)
                     e.first = dr[0].name
                     e.fkey = None
                 elif first is not None:
@@ -1331,7 +1343,16 @@ class Scheduler:
                     return False  # room went: the head would block or reserve
                 continue
             if first is None:
-                return False  # room appeared where there was none
+                if algo is not Algorithm.greedy:
+                    return False  # room appeared where there was none
+                # Every cluster with room is a changed one, and turns it away (above).
+                best = min((clusters[n] for n in rooms), key=_order_key)
+                bn = best.name
+                e.reason = Reason.HeldForGang if bn in holds else Reason.BackfillWindow
+                e.first = bn
+                e.fkey = _order_key(best)
+                flips.append(e)
+                continue
             if first in rooms and first not in changed:
                 # The order is by free capacity: only the changed clusters moved in it.
                 if not dr:
@@ -1372,7 +1393,30 @@ class Scheduler:
                     break
             else:
                 views.pop(n, None)
+        for e in flips:
+            self._flip(q, e)
         return True
+
+    @staticmethod
+    def _flip(q: _Queue, e: _Eval) -> None:
+        """Give the members that shared fit ``e``'s answer its new reason.
+
+        Only a greedy queue's fit that found no room, or a strict queue's fit after its
+        head blocked: neither changes anything but the reason (a greedy visit that
+        admits nothing has no state change; past a strict queue's block there is
+        none), so each of its actions' answer went to every later member of its class.
+        """
+        r = e.reason
+        for a in e.acts:
+            c = a.cls
+            assert c is not None
+            i = bisect_left(c.m, a.pos, key=_POS)
+            if q.runs_ok:
+                c.settle(i, len(c.m), r)
+            else:
+                # The runs are recounted before the next walk (see ``_visit``).
+                for x in c.m[i:]:
+                    x.note(r)
 
     def _view(self, name: str, own_hold: bool = False, own_resv: int = 0) -> tuple[Any, ...]:
         """What a fit reads of the holds and reservations on cluster ``name``: whether
