@@ -54,6 +54,8 @@ _INF = float("inf")
 _POS = attrgetter("pos")
 _LOG_MAX = 8192
 _NO_CHANGE: frozenset[str] = frozenset()
+# Not in a cache (a cached answer may be None).
+_UNKNOWN: Any = object()
 # ``Scheduler._view`` of a held cluster, and of one with neither hold nor reservation.
 _HELD: tuple[Any, ...] = (True,)
 _OPEN: tuple[Any, ...] = (False, ())
@@ -1068,6 +1070,7 @@ class Scheduler:
         holds = self._holds
         n_clusters = len(self.clusters)
         effects = self._effects
+        chg_cache = self._chg_cache
         # ``_signature`` inlined; the epochs move as earlier queues admit work.
         org = self.org
         orgd = org.max_concurrent_actions is not None or org.max_concurrent_runs is not None
@@ -1078,16 +1081,24 @@ class Scheduler:
             same_upstream = q.last_up_len == up and (diverged is None or diverged >= up)
             cap_end = self._cap_base + len(self._cap_log)
             if incremental and not q.last_started and now <= q.horizon:
+                changed: frozenset[str] | set[str] | None
                 if q.cap_pos == cap_end:
-                    # ``_still`` with no capacity change, inlined: the common case.
+                    changed = _NO_CHANGE
+                else:
+                    # ``_changes``' answer for the queues visited together, if known.
+                    changed = chg_cache.get((q.cap_pos, cap_end, q.spec.clusters), _UNKNOWN)
+                    if changed is _UNKNOWN:
+                        changed = self._changes(q)
+                if not changed:
+                    # ``_still`` with no capacity change here, inlined: the common case.
                     still = (
-                        sig == q.last_sig
+                        changed is not None
+                        and sig == q.last_sig
                         and (not q.hist_dep or q.last_hist == self._hist_epoch)
-                        and (same_upstream or self._views_same(q, _NO_CHANGE))
+                        and (same_upstream or self._views_same(q, changed))
                     )
                 else:
-                    changed = self._changes(q)
-                    still = changed is not None and self._still(q, sig, changed, same_upstream, now)
+                    still = self._still(q, sig, changed, same_upstream, now)
                 if still:
                     # Nothing this queue's outcome depends on has changed since its
                     # last visit: same decisions, same reasons. Only its holds and
