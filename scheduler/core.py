@@ -625,6 +625,8 @@ class Scheduler:
         self._vfragile = False
         self._vholds: list[tuple[str, str]] = []
         self._vresv: _ResvRecord | None = None
+        # ``_evals_still``'s fits whose reason changes in place (see ``_flip``).
+        self._flips: list[_Eval] = []
         self._env_epoch = 0
         self._org_epoch = 0
         self._hist_epoch = 0
@@ -1225,6 +1227,7 @@ class Scheduler:
         outer_h, outer_hist = self._horizon, self._vhist
         self._horizon = q.horizon
         self._vhist = False
+        self._flips = []
         ok = self._evals_still(q, changed, now)
         rec = q.resv_rec
         if ok and rec is not None:
@@ -1235,6 +1238,8 @@ class Scheduler:
             q.horizon = self._horizon
             q.hist_dep = q.hist_dep or self._vhist
             q.last_hist = self._hist_epoch
+            for e in self._flips:
+                self._flip(q, e)
         self._horizon, self._vhist = outer_h, outer_hist
         return ok
 
@@ -1311,9 +1316,10 @@ class Scheduler:
             rs.difference_update(changed)
         # Fits whose "no room anywhere" became "room, but every cluster with it turns
         # the action away", where that only changes the reason of the members that
-        # shared the answer (see ``_flip``): their records, changed as they go.
+        # shared the answer (see ``_flip``): their records, changed as they go. Their
+        # members are given the new reason once the whole check passes (``_still``).
         algo = q.spec.algorithm
-        flips: list[_Eval] = []
+        flips = self._flips
         for e in q.evals:
             dkey = e.dkey
             dr = now_room.get(dkey)
@@ -1354,9 +1360,18 @@ class Scheduler:
                     return False  # room went: the head would block or reserve
                 continue
             if first is None:
+                if algo is Algorithm.strict:
+                    return False  # room appeared where there was none: the head's fit
                 if algo is not Algorithm.greedy:
-                    return False  # room appeared where there was none
+                    # Past a reserving queue's head, as past a strict one's block; the
+                    # head's own fit would not reserve any more.
+                    head = q.blocked_head
+                    for a in e.acts:
+                        if a.id == head:
+                            return False
                 # Every cluster with room is a changed one, and turns it away (above).
+                # (A reserving queue's own reservation is not in ``resv``: a cluster
+                # only it would turn the action away from has failed the check above.)
                 best = min((clusters[n] for n in rooms), key=_order_key)
                 bn = best.name
                 e.reason = Reason.HeldForGang if bn in holds else Reason.BackfillWindow
@@ -1404,8 +1419,6 @@ class Scheduler:
                     break
             else:
                 views.pop(n, None)
-        for e in flips:
-            self._flip(q, e)
         return True
 
     @staticmethod
@@ -1413,9 +1426,11 @@ class Scheduler:
         """Give the members that shared fit ``e``'s answer its new reason.
 
         Only a greedy queue's fit that found no room, or a strict queue's fit after its
-        head blocked: neither changes anything but the reason (a greedy visit that
-        admits nothing has no state change; past a strict queue's block there is
-        none), so each of its actions' answer went to every later member of its class.
+        head blocked, or a reserving queue's after its head reserved: none changes
+        anything but the reason (a greedy visit that admits nothing has no state
+        change; past a strict queue's block, or a reserving queue's reservation, there
+        is none), so each of its actions' answer went to every later member of its
+        class.
         """
         r = e.reason
         for a in e.acts:
