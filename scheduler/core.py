@@ -625,8 +625,10 @@ class Scheduler:
         self._vfragile = False
         self._vholds: list[tuple[str, str]] = []
         self._vresv: _ResvRecord | None = None
-        # ``_evals_still``'s fits whose reason changes in place (see ``_flip``).
+        # ``_evals_still``'s fits whose reason changes in place (see ``_flip``), and
+        # whether a strict head's fit among them no longer holds clusters.
         self._flips: list[_Eval] = []
+        self._unhold = False
         self._env_epoch = 0
         self._org_epoch = 0
         self._hist_epoch = 0
@@ -1228,6 +1230,7 @@ class Scheduler:
         self._horizon = q.horizon
         self._vhist = False
         self._flips = []
+        self._unhold = False
         ok = self._evals_still(q, changed, now)
         rec = q.resv_rec
         if ok and rec is not None:
@@ -1240,6 +1243,8 @@ class Scheduler:
             q.last_hist = self._hist_epoch
             for e in self._flips:
                 self._flip(q, e)
+            if self._unhold:
+                q.last_holds = ()
         self._horizon, self._vhist = outer_h, outer_hist
         return ok
 
@@ -1361,8 +1366,10 @@ class Scheduler:
                 continue
             if first is None:
                 if algo is Algorithm.strict:
-                    return False  # room appeared where there was none: the head's fit
-                if algo is not Algorithm.greedy:
+                    # The head's fit (a strict queue's only one before its block): it
+                    # blocks all the same, only without holding clusters.
+                    self._unhold = True
+                elif algo is not Algorithm.greedy:
                     # Past a reserving queue's head, as past a strict one's block; the
                     # head's own fit would not reserve any more.
                     head = q.blocked_head
@@ -1430,18 +1437,22 @@ class Scheduler:
         anything but the reason (a greedy visit that admits nothing has no state
         change; past a strict queue's block, or a reserving queue's reservation, there
         is none), so each of its actions' answer went to every later member of its
-        class.
+        class. And a strict queue's head, whose answer went to it alone: it blocks the
+        queue as before, only its holds go (``_still``).
         """
         r = e.reason
+        # A strict queue's head blocks it: its answer went to it alone.
+        head = not e.blocked and q.spec.algorithm is Algorithm.strict
         for a in e.acts:
             c = a.cls
             assert c is not None
             i = bisect_left(c.m, a.pos, key=_POS)
+            j = i + 1 if head else len(c.m)
             if q.runs_ok:
-                c.settle(i, len(c.m), r)
+                c.settle(i, j, r)
             else:
                 # The runs are recounted before the next walk (see ``_visit``).
-                for x in c.m[i:]:
+                for x in c.m[i:j]:
                     x.note(r)
 
     def _view(self, name: str, own_hold: bool = False, own_resv: int = 0) -> tuple[Any, ...]:
