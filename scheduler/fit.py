@@ -487,6 +487,8 @@ class ClusterState:
 
 def _count(fg: int, fc: int, fm: int, fe: int, p: Pod, n: int) -> int:
     """How many copies of ``p`` (at most ``n``) fit in a node with this much free."""
+    # Unrolled on purpose: this runs once per node group per fit, millions of times in a
+    # full pass, and a loop over (free, demand) pairs costs a tuple build per call.
     k = n
     d = p.gpu
     if d:

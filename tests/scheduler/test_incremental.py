@@ -196,6 +196,22 @@ def test_simulate_matches_the_plain_loop(seed: int) -> None:
     assert fast == slow
 
 
+def _why(s: Scheduler) -> list[tuple[str, str | None, tuple[str, ...]]]:
+    """Every action's current reason and reason history, in a comparable form."""
+    return sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())
+
+
+def _pass(
+    s: Scheduler, now: float, running: list[str], log: list[Any], *, why: bool = False
+) -> None:
+    """One pass: its admissions start running and go to the log (and everyone's reasons)."""
+    adm = s.schedule(now)
+    running.extend(a.action_id for a in adm)
+    log.append(("adm", now, adm))
+    if why:
+        log.append(("why", _why(s)))
+
+
 def _drive(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
     """Drive the core by hand: submissions, completions, cancellations and a snapshot
     round-trip; record every decision and every waiting action's reasons."""
@@ -221,19 +237,12 @@ def _drive(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
             s.incremental = incremental
         if rng.random() < 0.5:
             now += 1
-            adm = s.schedule(now)
-            running.extend(a.action_id for a in adm)
-            log.append(("adm", now, adm))
-            log.append(
-                ("why", sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values()))
-            )
+            _pass(s, now, running, log, why=True)
     while running:
         now += 5
         s.finish(running.pop(0), now)
-        adm = s.schedule(now)
-        running.extend(a.action_id for a in adm)
-        log.append(("adm", now, adm))
-    log.append(("why", sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())))
+        _pass(s, now, running, log)
+    log.append(("why", _why(s)))
     return log
 
 
@@ -367,10 +376,7 @@ def _drive_completions(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
             s = Scheduler.from_snapshot(s.to_snapshot())
             s.incremental = incremental
         s.finish(running.pop(rng.randrange(len(running))), now, record=rng.random() < 0.8)
-        adm = s.schedule(now)
-        running.extend(a.action_id for a in adm)
-        log.append(("adm", now, adm))
-        log.append(("why", sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())))
+        _pass(s, now, running, log, why=True)
     return log
 
 
@@ -400,10 +406,7 @@ def _drive_bursts(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
             s.finish(running.pop(rng.randrange(len(running))), now, record=rng.random() < 0.7)
         if rng.random() < 0.2:
             s.invalidate()
-        adm = s.schedule(now)
-        running.extend(a.action_id for a in adm)
-        log.append(("adm", now, adm))
-        log.append(("why", sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())))
+        _pass(s, now, running, log, why=True)
     return log
 
 
@@ -508,10 +511,7 @@ def _drive_full_fleet(seed: int, incremental: bool) -> list[Any]:
         if step == 60:
             s = Scheduler.from_snapshot(s.to_snapshot())
             s.incremental = incremental
-        adm = s.schedule(now)
-        running.extend(a.action_id for a in adm)
-        log.append(("adm", now, adm))
-        log.append(("why", sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())))
+        _pass(s, now, running, log, why=True)
     return log
 
 
@@ -552,9 +552,7 @@ def _drive_late_reads(seed: int, incremental: bool) -> list[Any]:
                 log.append(("cancel", victim, s.cancel(victim, now)))
         elif running:
             s.finish(running.pop(rng.randrange(len(running))), now)
-        adm = s.schedule(now)
-        running.extend(a.action_id for a in adm)
-        log.append(("adm", now, adm))
+        _pass(s, now, running, log)
         ids = sorted(s.actions)
         if ids and rng.random() < 0.3:
             aid = rng.choice(ids)
@@ -564,7 +562,7 @@ def _drive_late_reads(seed: int, incremental: bool) -> list[Any]:
         if step == 50:
             s = Scheduler.from_snapshot(s.to_snapshot())
             s.incremental = incremental
-    log.append(("why", sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())))
+    log.append(("why", _why(s)))
     return log
 
 
