@@ -201,6 +201,15 @@ def _why(s: Scheduler) -> list[tuple[str, str | None, tuple[str, ...]]]:
     return sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())
 
 
+def _submit_all(sc: Scenario, incremental: bool) -> tuple[Scheduler, list[Any], list[str]]:
+    """A scheduler over ``sc`` with its whole workload submitted at 0 and a first pass."""
+    s = Scheduler(sc.clusters, sc.queues, sc.org, sc.environments, incremental=incremental)
+    log: list[Any] = []
+    for wi in sorted(sc.workload, key=lambda w: (w.spec.submit, w.spec.seq)):
+        log.append(("submit", wi.spec.id, s.submit(wi.spec, 0.0)))
+    return s, log, [a.action_id for a in s.schedule(0.0)]
+
+
 def _pass(
     s: Scheduler, now: float, running: list[str], log: list[Any], *, why: bool = False
 ) -> None:
@@ -356,12 +365,8 @@ def _drive_completions(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
     """Submit everything, then end running actions one at a time (a pass after each),
     taking clusters down and up now and then; record every decision and reason."""
     rng = random.Random(seed)
-    s = Scheduler(sc.clusters, sc.queues, sc.org, sc.environments, incremental=incremental)
-    log: list[Any] = []
+    s, log, running = _submit_all(sc, incremental)
     now = 0.0
-    for wi in sorted(sc.workload, key=lambda w: (w.spec.submit, w.spec.seq)):
-        log.append(("submit", wi.spec.id, s.submit(wi.spec, now)))
-    running = [a.action_id for a in s.schedule(now)]
     names = [c.name for c in sc.clusters]
     for step in range(300):
         if not running:
@@ -392,12 +397,8 @@ def _drive_bursts(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
     projected for several demands on a cluster at one clock), now and then a full pass
     (``invalidate``) as after a fleet-wide change."""
     rng = random.Random(seed)
-    s = Scheduler(sc.clusters, sc.queues, sc.org, sc.environments, incremental=incremental)
-    log: list[Any] = []
+    s, log, running = _submit_all(sc, incremental)
     now = 0.0
-    for wi in sorted(sc.workload, key=lambda w: (w.spec.submit, w.spec.seq)):
-        log.append(("submit", wi.spec.id, s.submit(wi.spec, now)))
-    running = [a.action_id for a in s.schedule(now)]
     for _ in range(120):
         if not running:
             break

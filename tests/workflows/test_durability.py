@@ -19,8 +19,8 @@ from .test_lifecycle import _queue_idle, eventually, req
 pytestmark = pytest.mark.integration
 
 
-async def test_continue_as_new_with_pending_work_loses_nothing(plane: Plane, tenant: str) -> None:
-    # A low history cap forces several continue-as-new while work waits and runs.
+async def start_scheduler_continuing_often(plane: Plane, tenant: str) -> None:
+    """A scheduler that continues as new every 30 events, over a 3-at-a-time queue."""
     await plane.client.start_workflow(
         SchedulerWorkflow.run,
         SchedulerInput(tenant=tenant, fleet=[c.to_dict() for c in plane.fleet], max_history=30),
@@ -28,6 +28,11 @@ async def test_continue_as_new_with_pending_work_loses_nothing(plane: Plane, ten
         task_queue=protocol.CONTROL_TASK_QUEUE,
     )
     await hw.upsert_queue(plane.client, tenant, {"name": "default", "action_concurrency": 3})
+
+
+async def test_continue_as_new_with_pending_work_loses_nothing(plane: Plane, tenant: str) -> None:
+    # A low history cap forces several continue-as-new while work waits and runs.
+    await start_scheduler_continuing_often(plane, tenant)
     first = await plane.client.get_workflow_handle(
         protocol.scheduler_workflow_id(tenant)
     ).describe()
@@ -80,13 +85,7 @@ async def test_control_plane_worker_killed_mid_run(plane: Plane, tenant: str) ->
 
 async def test_every_scheduler_run_replays(plane: Plane, tenant: str) -> None:
     """Several continue-as-new runs with work in flight; each run's history replays."""
-    await plane.client.start_workflow(
-        SchedulerWorkflow.run,
-        SchedulerInput(tenant=tenant, fleet=[c.to_dict() for c in plane.fleet], max_history=30),
-        id=protocol.scheduler_workflow_id(tenant),
-        task_queue=protocol.CONTROL_TASK_QUEUE,
-    )
-    await hw.upsert_queue(plane.client, tenant, {"name": "default", "action_concurrency": 3})
+    await start_scheduler_continuing_often(plane, tenant)
     handles = [
         await hw.submit(plane.client, req(tenant, f"r{i}", duration_s=0.2)) for i in range(15)
     ]
