@@ -36,17 +36,6 @@ from temporalio.worker import Worker
 BARE_QUEUE = "bench-bare"
 
 
-class CPU:
-    """The run's CPU meter (set in ``main``; the latency sampling queries stay outside)."""
-
-    meter: Any = None
-
-    @classmethod
-    def read(cls) -> tuple[float, float]:
-        out: tuple[float, float] = cls.meter.read()
-        return out
-
-
 async def gather_limited(coros: list[Coroutine[Any, Any, None]], limit: int = 100) -> None:
     sem = asyncio.Semaphore(limit)
 
@@ -73,8 +62,10 @@ async def bare_round(client: Client, n: int, tag: str) -> float:
 
 
 async def headway_round(
-    client: Client, n: int, tenant: str, tag: str, lat: list[float], cpu: list[Any] | None = None
-) -> float:
+    client: Client, n: int, tenant: str, tag: str, lat: list[float], meter: Any = None
+) -> tuple[float, tuple[float, float]]:
+    """N actions at once; their rate, and ``meter``'s reading when the last one ended
+    (before the latency sampling below, whose queries replay closed workflows)."""
     demand = DemandRequest(resources={"cpu": "100m", "memory": "64Mi"})
     t0 = time.perf_counter()
 
@@ -85,14 +76,13 @@ async def headway_round(
 
     await gather_limited([one(i) for i in range(n)])
     rate = n / (time.perf_counter() - t0)
-    if cpu is not None:
-        cpu.append(CPU.read())
+    reading = meter.read() if meter is not None else (0.0, 0.0)
     # Enqueue -> admission, from the actions' own records (workflow clock), sampled.
     for i in range(0, n, max(1, n // 100)):
         st = await hw.action_state(client, tenant, f"{tag}-{i}")
         if st.admitted_at is not None:
             lat.append((st.admitted_at - st.submitted_at) * 1000)
-    return rate
+    return rate, reading
 
 
 def per_item(a: tuple[float, float], b: tuple[float, float], n: int) -> tuple[float, float]:
@@ -117,7 +107,7 @@ async def main() -> None:
     )
 
     env = await start_server()
-    meter = CPU.meter = CpuMeter()
+    meter = CpuMeter()
     client = env.client
     tmp = tempfile.mkdtemp()
     store = LeaseStore(f"sqlite:///{tmp}/bench.db")
@@ -155,9 +145,7 @@ async def main() -> None:
                 c0 = meter.read()
                 b = await bare_round(client, args.n, f"r{r}")
                 c1 = meter.read()
-                mark: list[tuple[float, float]] = []
-                h = await headway_round(client, args.n, tenant, f"r{r}", lat, mark)
-                c2 = mark[0]
+                h, c2 = await headway_round(client, args.n, tenant, f"r{r}", lat, meter)
                 cpu_bare.append(per_item(c0, c1, args.n))
                 cpu_head.append(per_item(c1, c2, args.n))
                 bare.append(b)
