@@ -208,6 +208,7 @@ class _Queue:
         "fragile",
         "hist_dep",
         "horizon",
+        "hz",
         "last_hist",
         "last_holds",
         "last_resv",
@@ -257,8 +258,12 @@ class _Queue:
         self.last_hist = -1
         # The head's reservation, if the visit made one: see ``_VisitResv``.
         self.resv_rec: _ResvRecord | None = None
-        # Until when (on the caller's clock) the last visit's answers hold unchanged.
+        # Until when (on the caller's clock) the last visit's answers hold unchanged:
+        # per cluster, for the answers read there (``hz``), and the earliest of them.
+        # A cluster whose answers expired is looked at again as if its capacity had
+        # changed (see ``Scheduler._pass``), so the others' answers need not go too.
         self.horizon = float("inf")
+        self.hz: dict[str, float] = {}
         self.last_up_len = -1
         # The waiting actions grouped by decision class (built lazily by a visit; None:
         # not built, or out of date). ``cls_mode`` is the grouping's (estimate, run).
@@ -677,6 +682,11 @@ class Scheduler:
         # shared by the projections of every demand there (see ``_releases``).
         self._rel_cache: dict[int, tuple[Any, ...]] = {}
         self._horizon = _INF
+        # ``_horizon`` per cluster read (see ``_Queue.hz``), for the visit in progress.
+        self._vhz: dict[str, float] = {}
+        # Per pass: a ``_changes`` answer (by identity) joined with clusters whose
+        # answers expired, shared by the queues that have both alike.
+        self._exp_cache: dict[tuple[int, frozenset[str]], tuple[Any, set[str]]] = {}
         self._effects: list[tuple[Any, ...]] = []
         self._prev_effects: list[tuple[Any, ...]] = []
         self._diverged: int | None = None
@@ -1063,6 +1073,7 @@ class Scheduler:
         self._noroom = set()
         self._chg_cache = {}
         self._dr_cache = {}
+        self._exp_cache = {}
         # Holds and reservations bind the queues after the one that made them. A queue
         # may be skipped only if what came before it this pass is what came before it
         # last pass: track where this pass's effects first differ from the last's.
@@ -1084,7 +1095,7 @@ class Scheduler:
             diverged = self._diverged
             same_upstream = q.last_up_len == up and (diverged is None or diverged >= up)
             cap_end = self._cap_base + len(self._cap_log)
-            if incremental and not q.last_started and now <= q.horizon:
+            if incremental and not q.last_started:
                 changed: frozenset[str] | set[str] | None
                 if q.cap_pos == cap_end:
                     changed = _NO_CHANGE
@@ -1093,6 +1104,23 @@ class Scheduler:
                     changed = chg_cache.get((q.cap_pos, cap_end, q.spec.clusters), _UNKNOWN)
                     if changed is _UNKNOWN:
                         changed = self._changes(q)
+                expired: frozenset[str] | None = None
+                if now > q.horizon and changed is not None:
+                    # What was read on a cluster whose answers expired (a running
+                    # action reached its estimated end, a backfill window closed) is
+                    # looked at again as if its capacity had changed; what was read
+                    # elsewhere stands.
+                    expired = frozenset(n for n, h in q.hz.items() if now > h)
+                    if not expired:
+                        # Never so (``horizon`` is the earliest of ``hz``); were it, the
+                        # expired answer would be known nowhere: visit.
+                        changed = None
+                    else:
+                        ek = (id(changed), expired)
+                        got = self._exp_cache.get(ek)
+                        if got is None or got[0] is not changed:
+                            got = self._exp_cache[ek] = (changed, set(changed) | expired)
+                        changed = got[1]
                 if not changed:
                     # ``_still`` with no capacity change here, inlined: the common case.
                     still = (
@@ -1102,7 +1130,7 @@ class Scheduler:
                         and (same_upstream or self._views_same(q, changed))
                     )
                 else:
-                    still = self._still(q, sig, changed, same_upstream, now)
+                    still = self._still(q, sig, changed, same_upstream, now, expired)
                 if still:
                     # Nothing this queue's outcome depends on has changed since its
                     # last visit: same decisions, same reasons. Only its holds and
@@ -1131,6 +1159,7 @@ class Scheduler:
             q.last_hist = self._hist_epoch
             q.cap_pos = self._cap_base + len(self._cap_log)
             self._horizon = _INF
+            self._vhz = {}
             self._vevals = []
             self._vrooms = {}
             self._vhist = self._vfragile = False
@@ -1138,6 +1167,9 @@ class Scheduler:
             self._vresv = None
             n = self._visit(q, now, out)
             q.horizon = self._horizon
+            q.hz = self._vhz
+            # Fits asked for outside a visit (``insight``) must not touch its records.
+            self._vhz = {}
             started += n
             q.last_started = n
             mine = self._effects[n_effects:]
@@ -1197,6 +1229,7 @@ class Scheduler:
         changed: set[str] | frozenset[str],
         same_upstream: bool,
         now: float,
+        expired: frozenset[str] | None = None,
     ) -> bool:
         """Would a visit of ``q`` now answer exactly as its last did?
 
@@ -1212,7 +1245,10 @@ class Scheduler:
           ``changed`` keep their room and their relative order, so only the changed
           ones need a look (``_evals_still``);
         - a strict head's holds follow node shapes (a hard change otherwise); a
-          reserving head's reservation is recomputed on the changed clusters.
+          reserving head's reservation is recomputed on the changed clusters;
+        - answers that hold only until some time (``q.hz``) read the clock through
+          one cluster each: the clusters in ``expired`` (also in ``changed``) are read
+          again, which gives their answers new times.
 
         On success the records are brought up to date, as if the visit had been made.
         """
@@ -1226,8 +1262,17 @@ class Scheduler:
             return True
         if q.fragile:
             return False
-        outer_h, outer_hist = self._horizon, self._vhist
-        self._horizon = q.horizon
+        outer_h, outer_hist, outer_hz = self._horizon, self._vhist, self._vhz
+        hz = q.hz
+        if expired:
+            # The check reads these clusters again and records what it finds; on
+            # failure the visit replaces the records anyway.
+            for n in expired:
+                del hz[n]
+            self._horizon = min(hz.values(), default=_INF)
+        else:
+            self._horizon = q.horizon
+        self._vhz = hz
         self._vhist = False
         self._flips = []
         self._unhold = False
@@ -1239,13 +1284,14 @@ class Scheduler:
                 ok = self._resv_move(q, rec, moved)
         if ok:
             q.horizon = self._horizon
+            q.hz = self._vhz
             q.hist_dep = q.hist_dep or self._vhist
             q.last_hist = self._hist_epoch
             for e in self._flips:
                 self._flip(q, e)
             if self._unhold:
                 q.last_holds = ()
-        self._horizon, self._vhist = outer_h, outer_hist
+        self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
         return ok
 
     def _views_same(self, q: _Queue, changed: set[str] | frozenset[str]) -> bool:
@@ -2103,8 +2149,12 @@ class Scheduler:
         for r in rs:
             if end <= r.time:
                 # Allowed until the action would no longer be gone by the reservation.
-                if r.time - est < self._horizon:
-                    self._horizon = r.time - est
+                h = r.time - est
+                if h < self._horizon:
+                    self._horizon = h
+                vhz = self._vhz
+                if h < vhz.get(c.name, _INF):
+                    vhz[c.name] = h
                 continue
             if r.extra is None:
                 return None
@@ -2211,9 +2261,15 @@ class Scheduler:
                         horizon = a.est_end
             self._fit_cache[key] = (c.version, self._env_epoch, now, horizon, res)
             self._horizon = min(outer, horizon)
+            vhz = self._vhz
+            if horizon < vhz.get(c.name, _INF):
+                vhz[c.name] = horizon
             return res
         if hit[3] < self._horizon:
             self._horizon = hit[3]
+        vhz = self._vhz
+        if hit[3] < vhz.get(c.name, _INF):
+            vhz[c.name] = hit[3]
         # The cached EASY extra is shared: ``_reserve`` copies the one it keeps.
         cached: tuple[float, ClusterState | None] | None = res
         return cached

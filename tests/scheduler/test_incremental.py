@@ -586,3 +586,114 @@ def test_late_reads_match_the_plain_loop(seed: int) -> None:
 def test_reasons_changed_in_place_match_the_plain_loop(seed: int) -> None:
     sc = completion_scenario(seed)
     assert _drive_completions(sc, seed, True) == _drive_completions(sc, seed, False)
+
+
+# --- estimates expiring while work waits ---------------------------------------------------
+#
+# A reserving queue's answers hold until some running action reaches its estimated end
+# (its release moves to "now"), or a backfill window closes. Such an answer read the
+# clock through one cluster: when it expires, only that cluster is looked at again, as if
+# its capacity had changed (``_Queue.hz``). These runs keep every cluster busy with work
+# whose estimates end at staggered times, mostly overrun, so that passes come while
+# estimates expire one cluster at a time, with nothing finished and work still waiting,
+# under backfill and EASY queues of every selector.
+
+
+def _expiring_fleet(seed: int) -> tuple[list[ClusterSpec], list[QueueSpec], list[ActionSpec]]:
+    rng = random.Random(seed)
+    shape = Pod(cpu=16_000, memory=64 * GI)
+    n_cl = rng.randint(2, 5)
+    clusters = [
+        ClusterSpec(f"c{i}", (NodeGroup("g", rng.randint(2, 4), shape),)) for i in range(n_cl)
+    ]
+    names = [c.name for c in clusters]
+    queues: list[QueueSpec] = []
+    actions: list[ActionSpec] = []
+    seq = 0
+    for i, c in enumerate(clusters):
+        queues.append(
+            QueueSpec(
+                f"fill{i}",
+                priority=Priority.critical,
+                algorithm=Algorithm.greedy,
+                clusters=(c.name,),
+            )
+        )
+        for _ in range(c.node_groups[0].count):
+            seq += 1
+            actions.append(
+                ActionSpec(
+                    f"f{seq}",
+                    f"fill{i}",
+                    (shape,),
+                    submit=0.0,
+                    seq=seq,
+                    estimate=rng.choice([3.0, 7.0, 10.0, 15.0, 40.0]),
+                )
+            )
+    palette = [
+        (Pod(cpu=4_000, memory=8 * GI),),
+        (shape,),
+        replicas_demand(shape, 2),
+        replicas_demand(shape, 3),
+    ]
+    for k in range(rng.randint(3, 8)):
+        algo = Algorithm.easy if (seed + k) % 2 else Algorithm.backfill
+        sel = None
+        if rng.random() < 0.6:
+            sel = tuple(sorted(rng.sample(names, rng.randint(1, len(names)))))
+        queues.append(
+            QueueSpec(
+                f"q{k}", priority=rng.choice(list(Priority)[1:4]), algorithm=algo, clusters=sel
+            )
+        )
+        for _ in range(rng.randint(2, 8)):
+            seq += 1
+            actions.append(
+                ActionSpec(
+                    f"a{seq}",
+                    f"q{k}",
+                    rng.choice(palette),
+                    task=f"t{rng.randint(0, 2)}",
+                    submit=0.0,
+                    seq=seq,
+                    estimate=rng.choice([None, 1.0, 4.0, 9.0, 30.0, 200.0]),
+                )
+            )
+    return clusters, queues, actions
+
+
+def _drive_expiring(seed: int, incremental: bool) -> tuple[list[Any], int]:
+    clusters, queues, actions = _expiring_fleet(seed)
+    rng = random.Random(seed)
+    s = Scheduler(clusters, queues, incremental=incremental)
+    log: list[Any] = []
+    held = [a for a in actions if a.queue.startswith("q") and rng.random() < 0.3]
+    for a in actions:
+        if a not in held:
+            log.append(("submit", a.id, s.submit(a, 0.0)))
+    now = 0.0
+    running = [a.action_id for a in s.schedule(now)]
+    for step in range(80):
+        # Mostly time alone moving (estimates expire, nothing ends), now and then an
+        # arrival or a completion, seldom far past every estimate.
+        now += rng.choice([0.5, 1.0, 1.0, 2.0, 3.0, 0.0, 25.0 if rng.random() < 0.1 else 1.0])
+        r = rng.random()
+        if held and r < 0.25:
+            a = held.pop(rng.randrange(len(held)))
+            log.append(("submit", a.id, s.submit(a, now)))
+        elif running and r < 0.4:
+            s.finish(running.pop(rng.randrange(len(running))), now, record=rng.random() < 0.5)
+        if step == 40:
+            s = Scheduler.from_snapshot(s.to_snapshot())
+            s.incremental = incremental
+        _pass(s, now, running, log, why=rng.random() < 0.5)
+    log.append(("why", _why(s)))
+    return log, s.skipped_visits
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_expiring_estimates_match_the_plain_loop(seed: int) -> None:
+    got, _ = _drive_expiring(40000 + seed, True)
+    want, _ = _drive_expiring(40000 + seed, False)
+    assert got == want
