@@ -201,6 +201,17 @@ def _why(s: Scheduler) -> list[tuple[str, str | None, tuple[str, ...]]]:
     return sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())
 
 
+def _random_queue(
+    rng: random.Random, name: str, algo: Algorithm, names: list[str], p_selector: float
+) -> QueueSpec:
+    """A queue of a random middle priority, pinned to a random subset of ``names``
+    with probability ``p_selector``."""
+    sel = None
+    if rng.random() < p_selector:
+        sel = tuple(sorted(rng.sample(names, rng.randint(1, len(names)))))
+    return QueueSpec(name, priority=rng.choice(list(Priority)[1:4]), algorithm=algo, clusters=sel)
+
+
 def _submit_all(sc: Scenario, incremental: bool) -> tuple[Scheduler, list[Any], list[str]]:
     """A scheduler over ``sc`` with its whole workload submitted at 0 and a first pass."""
     s = Scheduler(sc.clusters, sc.queues, sc.org, sc.environments, incremental=incremental)
@@ -466,14 +477,7 @@ def full_fleet(seed: int) -> tuple[list[ClusterSpec], list[QueueSpec], list[Acti
     names = [c.name for c in clusters]
     for k in range(rng.randint(3, 7)):
         algo = ALGOS[(seed + k) % 4] if k < 4 else rng.choice(ALGOS)
-        sel = None
-        if rng.random() < 0.3:
-            sel = tuple(sorted(rng.sample(names, rng.randint(1, len(names)))))
-        queues.append(
-            QueueSpec(
-                f"q{k}", priority=rng.choice(list(Priority)[1:4]), algorithm=algo, clusters=sel
-            )
-        )
+        queues.append(_random_queue(rng, f"q{k}", algo, names, 0.3))
         for _ in range(rng.randint(4, 14)):
             seq += 1
             actions.append(
@@ -639,14 +643,7 @@ def _expiring_fleet(seed: int) -> tuple[list[ClusterSpec], list[QueueSpec], list
     ]
     for k in range(rng.randint(3, 8)):
         algo = Algorithm.easy if (seed + k) % 2 else Algorithm.backfill
-        sel = None
-        if rng.random() < 0.6:
-            sel = tuple(sorted(rng.sample(names, rng.randint(1, len(names)))))
-        queues.append(
-            QueueSpec(
-                f"q{k}", priority=rng.choice(list(Priority)[1:4]), algorithm=algo, clusters=sel
-            )
-        )
+        queues.append(_random_queue(rng, f"q{k}", algo, names, 0.6))
         for _ in range(rng.randint(2, 8)):
             seq += 1
             actions.append(
