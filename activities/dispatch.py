@@ -41,7 +41,6 @@ class DispatchActivities:
         waiters: AdmissionWaiters | None = None,
     ) -> None:
         self.client = client
-        self.concurrency = concurrency
         # One budget for the whole worker, shared by every tenant's batches (FIFO): a
         # shard admitting a bulk backlog gets no more of the server than this many
         # signals in flight, so other shards' actions keep their latency. Measured

@@ -5,10 +5,11 @@ the control-plane worker, and a local activity costs the caller one marker event
 of a task-queue round trip plus three events.
 
 Submit path (``put_lease``): the action's workflow writes its lease to SQL and, only when
-that flips its queue's flag from clear to set, signal-with-starts the shard scheduler
-with a ``nudge``. While the scheduler has not read the queue since, further submitters
-stay silent, so a million-action backfill costs the scheduler one signal per window
-refill, not one per action, and the lease payloads never enter its history.
+that flips its queue's flag from clear to set, signals the shard scheduler (starting it
+if it does not run) with a ``nudge``. While the scheduler has not read the queue since,
+further submitters stay silent, so a million-action backfill costs the scheduler one
+signal per window refill, not one per action, and the lease payloads never enter its
+history.
 
 Admission in the first workflow task (``put_lease_wait``): the action's local activity
 writes the lease, nudges, then waits briefly (``wait_s``) on an in-process
