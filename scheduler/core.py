@@ -222,6 +222,7 @@ class _Queue:
         "running",
         "runs_ok",
         "spec",
+        "tail",
         "usage",
         "views",
         "waiting",
@@ -265,6 +266,9 @@ class _Queue:
         self.horizon = float("inf")
         self.hz: dict[str, float] = {}
         self.last_up_len = -1
+        # How many actions were appended to ``waiting`` since the last visit, if that is
+        # all that changed the epoch; -1 once anything else did (see ``_visit_tail``).
+        self.tail = -1
         # The waiting actions grouped by decision class (built lazily by a visit; None:
         # not built, or out of date). ``cls_mode`` is the grouping's (estimate, run).
         self.cls: dict[Any, _Class] = {}
@@ -601,6 +605,8 @@ class Scheduler:
         self.unknown_capacity_passes = 0
         self.passes = 0
         self.skipped_visits = 0
+        # Visits that decided only the actions appended since the last (``_visit_tail``).
+        self.tail_visits = 0
         self._admissions = 0
         # Epochs: bumped whenever something a queue's visit depends on changes.
         # Which clusters' capacity changed, in order: (name, hard). A hard change (health,
@@ -916,6 +922,8 @@ class Scheduler:
         w = q.waiting
         if not w or (w[-1].submit, w[-1].seq) <= (a.submit, a.seq):
             w.append(a)
+            if q.tail >= 0:
+                q.tail += 1
             if q.cls_mode is not None:
                 a.pos = q.next_pos
                 q.next_pos += 1
@@ -926,6 +934,7 @@ class Scheduler:
             insort(w, a, key=lambda x: (x.submit, x.seq))
             self._flush(q)
             q.cls_mode = None  # positions are renumbered when the classes are rebuilt
+            q.tail = -1
         q.epoch += 1
         self._qorder_ver += 1
         return None
@@ -941,6 +950,7 @@ class Scheduler:
             if q.cls_mode is not None:
                 self._unlist(q, a)
             q.epoch += 1
+            q.tail = -1
             self._qorder_ver += 1
             del self.actions[action_id]
             self._settle_status(q)
@@ -971,6 +981,7 @@ class Scheduler:
             c.give(a.runs, a.nodes)
         if q is not None:
             q.epoch += 1
+            q.tail = -1
             q.running -= 1
             _dec(q.run_counts, a.run)
             if a.charged:
@@ -1096,6 +1107,17 @@ class Scheduler:
             same_upstream = q.last_up_len == up and (diverged is None or diverged >= up)
             cap_end = self._cap_base + len(self._cap_log)
             if incremental and not q.last_started:
+                # Actions only appended since the last visit: what it decided stands if
+                # it would under the signature it had then (the epoch moved by the
+                # appends alone); then only the new actions need deciding.
+                tail = q.tail
+                sig_was = sig
+                if tail > 0:
+                    ls = q.last_sig
+                    if ls is not None and ls[0] + tail == q.epoch and self._tail_mode(q):
+                        sig_was = (ls[0], *sig[1:])
+                    else:
+                        tail = 0
                 changed: frozenset[str] | set[str] | None
                 if q.cap_pos == cap_end:
                     changed = _NO_CHANGE
@@ -1125,12 +1147,12 @@ class Scheduler:
                     # ``_still`` with no capacity change here, inlined: the common case.
                     still = (
                         changed is not None
-                        and sig == q.last_sig
+                        and sig_was == q.last_sig
                         and (not q.hist_dep or q.last_hist == self._hist_epoch)
                         and (same_upstream or self._views_same(q, changed))
                     )
                 else:
-                    still = self._still(q, sig, changed, same_upstream, now, expired)
+                    still = self._still(q, sig_was, changed, same_upstream, now, expired)
                 if still:
                     # Nothing this queue's outcome depends on has changed since its
                     # last visit: same decisions, same reasons. Only its holds and
@@ -1148,10 +1170,14 @@ class Scheduler:
                     # checked against it, or it is the last one's): the next pass
                     # compares against this one.
                     q.last_up_len = up
+                    if tail:
+                        started += self._visit_tail(q, tail, sig, now, out, up)
+                        continue
                     self.skipped_visits += 1
                     continue
             n_effects = up
             q.last_up_len = up
+            q.tail = 0
             # The state as the visit finds it: holds and reservations made by the visit
             # itself are its output, not its input. (A visit that admitted anything is
             # never skipped next time, so what it changed needs no record.)
@@ -1185,6 +1211,115 @@ class Scheduler:
             q.hist_dep = self._vhist
             q.fragile = self._vfragile
             q.resv_rec = self._vresv
+        return started
+
+    def _tail_mode(self, q: _Queue) -> bool:
+        """Are ``q``'s decision classes (if built) grouped as a visit now would group
+        them (see ``_visit``)? A fit's reason changed in place goes to the later
+        members of its class (``_flip``), appended ones included: that is right only
+        if the class is one the visit would have answered alike."""
+        if q.cls_mode is None:
+            return True
+        spec = q.spec
+        algo = spec.algorithm
+        run_gates = (
+            spec.run_concurrency is not None
+            or spec.per_run_concurrency is not None
+            or self.org.max_concurrent_runs is not None
+        )
+        reserving = algo is Algorithm.backfill or algo is Algorithm.easy
+        return q.cls_mode == (bool(self._resv) or reserving, run_gates)
+
+    def _visit_tail(
+        self, q: _Queue, k: int, sig: tuple[Any, ...], now: float, out: list[Admitted], up: int
+    ) -> int:
+        """Decide the ``k`` actions appended to ``q`` since its last visit, whose other
+        answers were just found to stand (``_still``), and extend its records.
+
+        A visit takes the queue in order, and every action before these was given the
+        answer it had, with no state change among them (a visit that admitted nothing):
+        so these meet the state the last one left, which is what stands now, with the
+        queue's own holds and reservations made again. Each is decided on its own, not
+        from a class memo (whose answers are the same by construction).
+        """
+        self.tail_visits += 1
+        v = _Visit(q, self._eligible(q))
+        if q.blocked_head is not None:
+            # Only a strict queue's block or a reserving queue's reservation names it.
+            v.blocked = v.strict
+            v.reserved = v.reserving
+        self._horizon = _INF
+        self._vhz = {}
+        self._vevals = []
+        self._vrooms = {}
+        self._vhist = self._vfragile = False
+        self._vholds = []
+        self._vresv = None
+        w = q.waiting
+        tail = w[len(w) - k :]
+        started = 0
+        for a in tail:
+            r = self._consider(q, a, v, now, out)
+            if r is None:
+                started += 1
+                continue
+            c = a.cls
+            if c is not None and q.runs_ok:
+                i = bisect_left(c.m, a.pos, key=_POS)
+                c.settle(i, i + 1, r)
+            else:
+                a.note(r)
+        if started:
+            for a in tail:
+                if a.state != "waiting" and a.cls is not None:
+                    self._unlist(q, a)
+            q.waiting = [a for a in w if a.state == "waiting"]
+        mine = self._effects[up:]
+        q.last_holds += tuple(self._vholds)
+        q.last_resv = tuple((e[1], e[5]) for e in mine if e[0] == "r")
+        if self._horizon < q.horizon:
+            q.horizon = self._horizon
+        hz = q.hz
+        for n, h in self._vhz.items():
+            if h < hz.get(n, _INF):
+                hz[n] = h
+        self._vhz = {}
+        q.last_sig = sig
+        q.last_started = started
+        q.tail = 0
+        q.hist_dep = q.hist_dep or self._vhist
+        q.last_hist = self._hist_epoch
+        q.fragile = q.fragile or self._vfragile
+        if self._vresv is not None:
+            q.resv_rec = self._vresv
+        if started:
+            q.evals, q.rooms, q.views = [], {}, {}
+            return started
+        # Fits that ended alike share a record (as ``_group_evals`` makes them).
+        evals = q.evals
+        seen: dict[tuple[Any, ...], _Eval] = {}
+        for e in evals:
+            seen.setdefault((e.dkey, e.blocked, e.first, e.reason), e)
+        for e in self._vevals:
+            key = (e.dkey, e.blocked, e.first, e.reason)
+            g = seen.get(key)
+            if g is None:
+                seen[key] = e
+                evals.append(e)
+            else:
+                g.acts.append(e.a)
+        rooms = q.rooms
+        new: set[str] = set()
+        for dkey, rs in self._vrooms.items():
+            have = rooms.get(dkey)
+            if have is None:
+                rooms[dkey] = rs
+            else:
+                have |= rs
+            new |= rs
+        new.difference_update(q.views)
+        if new:
+            q.views.update(self._views_before(mine, {0: new}))
         return started
 
     def _changes(self, q: _Queue) -> frozenset[str] | set[str] | None:
@@ -2115,6 +2250,7 @@ class Scheduler:
         self._org_epoch += 1
         self._env_epoch += inst is not None
         q.epoch += 1
+        q.tail = -1
         names = c.node_names
         out.append(
             Admitted(

@@ -733,3 +733,129 @@ def test_an_expired_estimate_elsewhere_leaves_a_reservation_standing() -> None:
     want, _ = _drive_one_expiry(False)
     assert got == want
     assert skipped == 1  # the EASY queue, at 11: c0's estimate expired, c1's did not
+
+
+# --- arrivals at the back of a waiting queue ---------------------------------------------
+#
+# When all that changed in a queue since its last visit is actions appended behind the
+# others, the others' answers are checked as for a skipped visit and only the new ones
+# are decided, from the state the last visit left (``Scheduler._visit_tail``): a strict
+# queue's block, a reserving queue's reservation, holds and reservations from queues
+# above. These runs keep a full fleet busy and feed every queue arrivals, one or several
+# per pass, of the demands, estimates and runs already waiting (classes shared with the
+# queue's earlier actions) or new ones, while work ends now and then, estimates expire
+# and queues above hold and reserve.
+
+
+def _drive_arrivals(seed: int, incremental: bool) -> tuple[list[Any], int]:
+    clusters, queues, actions = full_fleet(seed) if seed % 2 else _expiring_fleet(seed)
+    rng = random.Random(seed)
+    s = Scheduler(clusters, queues, incremental=incremental)
+    log: list[Any] = []
+    fill = [a for a in actions if a.queue.startswith("fill")]
+    rest = [a for a in actions if not a.queue.startswith("fill")]
+    first = rest[: len(rest) // 3]
+    for a in fill + first:
+        log.append(("submit", a.id, s.submit(a, 0.0)))
+    now = 0.0
+    running = [a.action_id for a in s.schedule(now)]
+    pool = rest[len(rest) // 3 :] + rest
+    seq = 10_000
+    for step in range(100):
+        now += rng.choice([0.0, 0.0, 1.0, 2.0, 5.0, 30.0 if rng.random() < 0.1 else 1.0])
+        r = rng.random()
+        if r < 0.7:
+            for _ in range(rng.choice([1, 1, 1, 2, 3])):
+                like = rng.choice(pool)
+                seq += 1
+                a = ActionSpec(
+                    f"n{seq}",
+                    like.queue,
+                    like.pods,
+                    run=like.run_id if rng.random() < 0.7 else f"r{rng.randint(0, 6)}",
+                    task=like.task_id,
+                    submit=now,
+                    seq=seq,
+                    estimate=like.estimate if rng.random() < 0.7 else rng.choice([None, 2.0]),
+                )
+                log.append(("submit", a.id, s.submit(a, now)))
+        elif running and r < 0.9:
+            s.finish(running.pop(rng.randrange(len(running))), now, record=rng.random() < 0.6)
+        if step == 50:
+            s = Scheduler.from_snapshot(s.to_snapshot())
+            s.incremental = incremental
+        _pass(s, now, running, log, why=rng.random() < 0.5)
+    log.append(("why", _why(s)))
+    return log, s.tail_visits
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_arrivals_behind_waiting_work_match_the_plain_loop(seed: int) -> None:
+    got, tails = _drive_arrivals(50000 + seed, True)
+    want, _ = _drive_arrivals(50000 + seed, False)
+    assert got == want
+    assert tails > 0  # the shortcut was taken
+
+
+def test_an_arrival_behind_a_reserving_head_is_decided_alone() -> None:
+    """An EASY head waits on a full cluster; a small action arriving behind it is
+    decided from the reservation the head's last visit made, the others untouched."""
+    shape = Pod(cpu=16_000, memory=64 * GI)
+    clusters = [ClusterSpec("c0", (NodeGroup("g", 2, shape),))]
+    queues = [
+        QueueSpec("fill", priority=Priority.critical, clusters=("c0",)),
+        QueueSpec("q", algorithm=Algorithm.easy),
+    ]
+    got = []
+    for incremental in (True, False):
+        s = Scheduler(clusters, queues, incremental=incremental)
+        for i, est in enumerate([50.0, 100.0]):
+            s.submit(ActionSpec(f"f{i}", "fill", (shape,), submit=0.0, seq=i, estimate=est), 0.0)
+        big = replicas_demand(shape, 2)
+        s.submit(ActionSpec("big", "q", big, submit=0.0, seq=5, estimate=20.0), 0.0)
+        s.schedule(0.0)
+        s.finish("f0", 1.0)
+        s.schedule(1.0)  # a half-empty cluster: the head reserves it at 100
+        s.submit(ActionSpec("short", "q", (shape,), submit=2.0, seq=6, estimate=50.0), 2.0)
+        s.submit(ActionSpec("long", "q", (shape,), submit=2.0, seq=7, estimate=500.0), 2.0)
+        adm = s.schedule(2.0)
+        got.append(([a.action_id for a in adm], _why(s), s.tail_visits))
+    assert got[0][:2] == got[1][:2]
+    assert got[0][0] == ["short"]
+    assert got[0][2] == 1 and got[1][2] == 0
+
+
+def test_an_arrival_reads_a_reservation_from_above_that_then_goes() -> None:
+    """A greedy queue's arrival finds room only where an EASY queue above reserved, and
+    is turned away; that reservation then goes (its head starts elsewhere) with nothing
+    changed where the greedy queue may run: the arrival must be looked at again."""
+    shape = Pod(cpu=16_000, memory=64 * GI)
+    clusters = [ClusterSpec(n, (NodeGroup("g", 2, shape),)) for n in ("x", "y")]
+    queues = [
+        QueueSpec("fill-x", priority=Priority.critical, clusters=("x",)),
+        QueueSpec("fill-y", priority=Priority.critical, clusters=("y",)),
+        QueueSpec("u", priority=Priority.high, algorithm=Algorithm.easy),
+        QueueSpec("q", priority=Priority.medium, algorithm=Algorithm.greedy, clusters=("x",)),
+    ]
+    pair = replicas_demand(shape, 2)
+    got = []
+    for incremental in (True, False):
+        s = Scheduler(clusters, queues, incremental=incremental)
+        fills = [("fy0", "y", 1000.0), ("fy1", "y", 1000.0), ("fx0", "x", 100.0)]
+        for i, (aid, c, est) in enumerate(fills):
+            s.submit(ActionSpec(aid, f"fill-{c}", (shape,), submit=0.0, seq=i, estimate=est), 0.0)
+        log: list[Any] = [s.schedule(0.0)]
+        s.submit(ActionSpec("h", "u", pair, submit=1.0, seq=10, estimate=10.0), 1.0)
+        s.submit(ActionSpec("p", "q", pair, submit=1.0, seq=11, estimate=10.0), 1.0)
+        log.append(s.schedule(1.0))  # h reserves x at 100; p finds no room
+        s.submit(ActionSpec("t", "q", (shape,), submit=2.0, seq=12, estimate=500.0), 2.0)
+        log.append(s.schedule(2.0))  # t: room on x only, inside h's window
+        log.append(_why(s))
+        s.finish("fy0", 3.0)
+        s.finish("fy1", 3.0)
+        log.append(s.schedule(3.0))  # h starts on y: t may take x
+        log.append(_why(s))
+        got.append((log, s.tail_visits))
+    assert got[0][0] == got[1][0]
+    assert [a.action_id for a in got[0][0][4]] == ["h", "t"]
+    assert got[0][1] >= 1
