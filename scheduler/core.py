@@ -980,8 +980,18 @@ class Scheduler:
         elif a.nodes and c is not None:
             c.give(a.runs, a.nodes)
         if q is not None:
-            q.epoch += 1
-            q.tail = -1
+            spec = q.spec
+            if (
+                spec.action_concurrency is not None
+                or spec.run_concurrency is not None
+                or spec.per_run_concurrency is not None
+                or spec.max_resources is not None
+            ):
+                # Its gates read its running work. (Otherwise a visit reads what ended
+                # only as capacity freed, which ``_touch`` logs, and as the org's
+                # running work, which ``_org_epoch`` tracks: the epoch may stand.)
+                q.epoch += 1
+                q.tail = -1
             q.running -= 1
             _dec(q.run_counts, a.run)
             if a.charged:
@@ -1411,12 +1421,34 @@ class Scheduler:
         self._vhist = False
         self._flips = []
         self._unhold = False
-        ok = self._evals_still(q, changed, now)
         rec = q.resv_rec
-        if ok and rec is not None:
-            ok, moved = self._resv_now(rec, changed, now)
-            if ok and moved is not None:
-                ok = self._resv_move(q, rec, moved)
+        ok = True
+        moved: tuple[ClusterState, float, ClusterState | None] | None = None
+        own: tuple[str, _Reservation] | None = None
+        if rec is not None:
+            # The reservation the visit would make now, which its actions after the
+            # head read where they find room. A head with room now would not reserve
+            # (and projections assume none: see ``_carried``), so that goes first.
+            clusters = self.clusters
+            for n in changed:
+                c = clusters.get(n)
+                if c is not None and c.healthy and self._room(c, rec.dkey, rec.runs):
+                    ok = False
+                    break
+            else:
+                ok, moved = self._resv_now(rec, changed, now)
+            if ok and rec.where is not None and len(q.last_resv) == 1:
+                old_name, old = q.last_resv[0]
+                own = (
+                    (old_name, old)
+                    if moved is None
+                    else (moved[0].name, _Reservation(moved[1], moved[2], old.head))
+                )
+        if ok:
+            ok = self._evals_still(q, changed, now, own)
+        if ok and moved is not None:
+            assert rec is not None
+            ok = self._resv_move(q, rec, moved, changed)
         if ok:
             q.horizon = self._horizon
             q.hz = self._vhz
@@ -1463,9 +1495,18 @@ class Scheduler:
         self._feasible[ik] = ver
         return True
 
-    def _evals_still(self, q: _Queue, changed: set[str] | frozenset[str], now: float) -> bool:
+    def _evals_still(
+        self,
+        q: _Queue,
+        changed: set[str] | frozenset[str],
+        now: float,
+        own: tuple[str, _Reservation] | None = None,
+    ) -> bool:
         """Would each of ``q``'s recorded fits end as it did, capacity having changed on
         ``changed``? (See ``_still``.) Updates the records if so.
+
+        ``own``: the reservation the queue's head would make now (cluster, reservation),
+        which binds the queue's actions after the head.
 
         The records are updated in place as the check goes: when it fails, the queue
         gets a full visit, which replaces them all.
@@ -1506,6 +1547,13 @@ class Scheduler:
         # members are given the new reason once the whole check passes (``_still``).
         algo = q.spec.algorithm
         flips = self._flips
+        own_name = own[0] if own is not None else None
+        head_key: tuple[float, int] | None = None
+        if own is not None:
+            h = self.actions.get(q.blocked_head or "")
+            if h is None:
+                return False
+            head_key = (h.submit, h.seq)
         for e in q.evals:
             dkey = e.dkey
             dr = now_room.get(dkey)
@@ -1535,11 +1583,21 @@ class Scheduler:
                 name = c.name
                 if name in own_held:
                     return False
-                if name not in holds and (
-                    name not in resv
-                    or any(self._allowed(a, now, resv[name], e.runs, c) is not None for a in e.acts)
-                ):
-                    return False  # it would start there
+                if name not in holds:
+                    upr = resv.get(name)
+                    if name == own_name:
+                        assert own is not None and head_key is not None
+                        # Only the actions after the head meet its reservation.
+                        with_own = [*upr, own[1]] if upr else [own[1]]
+                        for a in e.acts:
+                            after = (a.submit, a.seq) > head_key
+                            got = with_own if after else upr
+                            if not got or self._allowed(a, now, got, e.runs, c) is not None:
+                                return False  # it would start there
+                    elif not upr or any(
+                        self._allowed(a, now, upr, e.runs, c) is not None for a in e.acts
+                    ):
+                        return False  # it would start there
                 rooms.add(name)
             if not rooms:
                 if first is not None:
@@ -1557,9 +1615,8 @@ class Scheduler:
                     for a in e.acts:
                         if a.id == head:
                             return False
-                # Every cluster with room is a changed one, and turns it away (above).
-                # (A reserving queue's own reservation is not in ``resv``: a cluster
-                # only it would turn the action away from has failed the check above.)
+                # Every cluster with room is a changed one, and turns it away (above):
+                # held, or reserved from above or by the queue's own head.
                 best = min((clusters[n] for n in rooms), key=_order_key)
                 bn = best.name
                 e.reason = Reason.HeldForGang if bn in holds else Reason.BackfillWindow
@@ -1759,24 +1816,26 @@ class Scheduler:
         q: _Queue,
         rec: _ResvRecord,
         moved: tuple[ClusterState, float, ClusterState | None],
+        changed: set[str] | frozenset[str],
     ) -> bool:
         """Move ``q``'s reservation as ``_reserve`` would now, if its decisions stay.
 
         The reservation binds the queue's own later actions only where a fit reads
         it: at a cluster with room for one of its walks (``q.rooms``) that no hold
-        turns away first. Where neither the old nor the new cluster is read so, the
-        queue answers as before and only the reservation, which binds the queues
-        after it, changes.
+        turns away first. The fits were checked against the new reservation on the
+        clusters in ``changed`` (``_evals_still``), where it now is; if the old one
+        was elsewhere and read so, the answers there are not known.
         """
         if len(q.last_resv) != 1:
             return False
-        holds = self._holds
-        rooms = q.rooms.values()
         old_name, old = q.last_resv[0]
         c, t, extra = moved
-        for name in (old_name, c.name):
-            if name not in holds and any(name in rs for rs in rooms):
-                return False
+        if (
+            old_name not in changed
+            and old_name not in self._holds
+            and any(old_name in rs for rs in q.rooms.values())
+        ):
+            return False
         rec.where = c.name
         rec.key = _order_key(c)
         rec.time = t

@@ -859,3 +859,56 @@ def test_an_arrival_reads_a_reservation_from_above_that_then_goes() -> None:
     assert got[0][0] == got[1][0]
     assert [a.action_id for a in got[0][0][4]] == ["h", "t"]
     assert got[0][1] >= 1
+
+
+# --- a reservation the queue's own later actions read -------------------------------------
+#
+# An SWF trace in small: one or two clusters of identical one-CPU nodes, jobs of one to
+# all of them arriving over time, estimates mostly above the run time, now and then
+# below. After a completion, an EASY or backfill queue's records are checked against the
+# reservation its head would make now (``_still``'s ``own``): actions after the head that
+# find room are turned away by it, or would start. Must match the plain loop, reasons
+# included.
+
+
+def trace_like(seed: int) -> Scenario:
+    rng = random.Random(seed)
+    node = Pod(cpu=1000)
+    sizes = [rng.choice([4, 8, 16]) for _ in range(rng.choice([1, 1, 2]))]
+    clusters = [ClusterSpec(f"c{i}", (NodeGroup("n", k, node),)) for i, k in enumerate(sizes)]
+    top = max(sizes)
+    queues = [QueueSpec("swf", algorithm=rng.choice([Algorithm.easy, Algorithm.backfill]))]
+    if rng.random() < 0.3:
+        queues.append(
+            QueueSpec("low", priority=Priority.low, algorithm=rng.choice(ALGOS), clusters=("c0",))
+        )
+    work = []
+    t = 0.0
+    for i in range(rng.randint(30, 120)):
+        t += rng.choice([0.0, 1.0, 3.0, 10.0, 30.0])
+        procs = rng.choice([1, 1, 2, 3, top // 2, top]) if rng.random() < 0.9 else top
+        if rng.random() < 0.5:
+            procs = min(procs, min(sizes))
+        dur = float(rng.choice([5, 20, 60, 200, 600]))
+        est = dur * rng.choice([1.0, 1.5, 3.0, 10.0]) if rng.random() < 0.85 else dur / 2
+        q = "low" if len(queues) > 1 and rng.random() < 0.2 else "swf"
+        spec = ActionSpec(
+            id=f"j{i}",
+            queue=q,
+            pods=(node,) * procs,
+            task=f"j{i}" if rng.random() < 0.8 else f"u{rng.randint(0, 3)}",
+            submit=t,
+            seq=i,
+            estimate=est if rng.random() < 0.9 else None,
+        )
+        work.append(WorkItem(spec, dur))
+    return Scenario(clusters, queues, OrgLimits(), [], work, [])
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_trace_like_runs_match_the_plain_loop(seed: int) -> None:
+    sc = trace_like(60000 + seed)
+    fast = render_json(simulate(sc))
+    with plain():
+        slow = render_json(simulate(sc))
+    assert fast == slow
