@@ -215,6 +215,7 @@ class _Queue:
         "last_sig",
         "last_started",
         "last_up_len",
+        "mixed",
         "next_pos",
         "resv_rec",
         "rooms",
@@ -239,6 +240,9 @@ class _Queue:
         self.epoch = 0
         self.last_sig: tuple[Any, ...] | None = None
         self.last_started = 0
+        # The last visit admitted work and still kept its records: its answers were
+        # found at more than one capacity (see ``Scheduler._pass``).
+        self.mixed = False
         # Every hold the visit asked for, even one an earlier queue already made: if
         # that earlier hold goes, this queue's takes its place.
         self.last_holds: tuple[tuple[str, str], ...] = ()
@@ -980,13 +984,7 @@ class Scheduler:
         elif a.nodes and c is not None:
             c.give(a.runs, a.nodes)
         if q is not None:
-            spec = q.spec
-            if (
-                spec.action_concurrency is not None
-                or spec.run_concurrency is not None
-                or spec.per_run_concurrency is not None
-                or spec.max_resources is not None
-            ):
+            if _reads_running(q.spec):
                 # Its gates read its running work. (Otherwise a visit reads what ended
                 # only as capacity freed, which ``_touch`` logs, and as the org's
                 # running work, which ``_org_epoch`` tracks: the epoch may stand.)
@@ -1116,7 +1114,7 @@ class Scheduler:
             diverged = self._diverged
             same_upstream = q.last_up_len == up and (diverged is None or diverged >= up)
             cap_end = self._cap_base + len(self._cap_log)
-            if incremental and not q.last_started:
+            if incremental and (not q.last_started or q.mixed):
                 # Actions only appended since the last visit: what it decided stands if
                 # it would under the signature it had then (the epoch moved by the
                 # appends alone); then only the new actions need deciding.
@@ -1211,7 +1209,20 @@ class Scheduler:
             mine = self._effects[n_effects:]
             q.last_holds = tuple(self._vholds)
             q.last_resv = tuple((e[1], e[5]) for e in mine if e[0] == "r")
-            if n:
+            # A visit that admitted work found its answers at more than one capacity:
+            # each at the capacity its admissions before it left. The clusters they
+            # took are in the capacity log past the visit's start, so the next check
+            # reads those again, as changed, and finds every answer as it would be
+            # now. What else an admission moves must not matter: the queue's running
+            # work (its gates), the org's (its envelope), environments (``fragile``).
+            # Reasons changed in place are not made from such records (see
+            # ``_evals_still``): a class member's answer may differ from the one
+            # before it there.
+            q.mixed = bool(n) and not (self._vfragile or orgd or _reads_running(q.spec))
+            if q.mixed:
+                q.last_sig = (q.epoch, q.spec, self._env_epoch, 0)
+                q.tail = 0
+            if n and not q.mixed:
                 # Never skipped next time (see above): nothing to record.
                 q.evals, q.rooms, q.views = [], {}, {}
             else:
@@ -1304,6 +1315,7 @@ class Scheduler:
             q.resv_rec = self._vresv
         if started:
             q.evals, q.rooms, q.views = [], {}, {}
+            q.mixed = False  # nothing recorded: the next pass visits
             return started
         # Fits that ended alike share a record (as ``_group_evals`` makes them).
         evals = q.evals
@@ -1547,6 +1559,7 @@ class Scheduler:
         # members are given the new reason once the whole check passes (``_still``).
         algo = q.spec.algorithm
         flips = self._flips
+        mixed = q.mixed
         own_name = own[0] if own is not None else None
         head_key: tuple[float, int] | None = None
         if own is not None:
@@ -1567,7 +1580,7 @@ class Scheduler:
                     continue
                 if dr:
                     if first is None:
-                        if algo is not Algorithm.strict:
+                        if algo is not Algorithm.strict or mixed:
                             return False  # NoClusterCapacity would become HeldForGang
                         e.reason = Reason.HeldForGang
                         flips.append(e)
@@ -1604,6 +1617,8 @@ class Scheduler:
                     return False  # room went: the head would block or reserve
                 continue
             if first is None:
+                if mixed:
+                    return False  # a reason changed in place (see ``_pass``)
                 if algo is Algorithm.strict:
                     # The head's fit (a strict queue's only one before its block): it
                     # blocks all the same, only without holding clusters.
@@ -2225,6 +2240,10 @@ class Scheduler:
             chosen = c
             break
         if chosen is not None:
+            if rooms is not None:
+                # A walk that places the action stops there: it did not read every
+                # cluster with room, so the next walk of this demand records them.
+                del self._vrooms[dkey]
             before = chosen.version
             if chosen.known:
                 nodes = chosen.place(runs, commit=True, limit=extras[0] if extras else None)
@@ -2870,6 +2889,16 @@ class Scheduler:
         s.history = {k: list(v) for k, v in d["history"].items()}
         s.unknown_capacity_passes = d["unknown_capacity_passes"]
         return s
+
+
+def _reads_running(spec: QueueSpec) -> bool:
+    """Do the queue's gates read its running work (count, runs, resources)?"""
+    return (
+        spec.action_concurrency is not None
+        or spec.run_concurrency is not None
+        or spec.per_run_concurrency is not None
+        or spec.max_resources is not None
+    )
 
 
 def _order_key(c: ClusterState) -> tuple[Any, ...]:
