@@ -1313,10 +1313,16 @@ class Scheduler:
         q.fragile = q.fragile or self._vfragile
         if self._vresv is not None:
             q.resv_rec = self._vresv
+        org = self.org
+        orgd = org.max_concurrent_actions is not None or org.max_concurrent_runs is not None
         if started:
-            q.evals, q.rooms, q.views = [], {}, {}
-            q.mixed = False  # nothing recorded: the next pass visits
-            return started
+            # As for a full visit that admitted work (see ``_pass``).
+            if self._vfragile or orgd or _reads_running(q.spec):
+                q.evals, q.rooms, q.views = [], {}, {}
+                q.mixed = False  # nothing recorded: the next pass visits
+                return started
+            q.mixed = True
+            q.last_sig = (q.epoch, q.spec, self._env_epoch, 0)
         # Fits that ended alike share a record (as ``_group_evals`` makes them).
         evals = q.evals
         seen: dict[tuple[Any, ...], _Eval] = {}
@@ -1448,7 +1454,7 @@ class Scheduler:
                     ok = False
                     break
             else:
-                ok, moved = self._resv_now(rec, changed, now)
+                ok, moved = self._resv_now(rec, changed, now, q.spec.clusters)
             if ok and rec.where is not None and len(q.last_resv) == 1:
                 old_name, old = q.last_resv[0]
                 own = (
@@ -1762,15 +1768,35 @@ class Scheduler:
                 out[n] = self._view(n, n in own_h, own_r.get(n, 0))
         return out
 
+    def _all_read(
+        self, sel: tuple[str, ...] | None, rec: _ResvRecord, changed: set[str] | frozenset[str]
+    ) -> bool:
+        """Is every cluster ``_reserve`` would look at for ``rec``'s demand (selector
+        ``sel``, healthy, known, with node shapes that hold it) in ``changed``?"""
+        clusters = self.clusters
+        for name in clusters if sel is None else sel:
+            if name in changed:
+                continue
+            c = clusters.get(name)
+            if c is not None and c.healthy and c.known and self._could(c, rec.runs, rec.dkey):
+                return False
+        return True
+
     def _resv_now(
-        self, rec: _ResvRecord, changed: set[str] | frozenset[str], now: float
+        self,
+        rec: _ResvRecord,
+        changed: set[str] | frozenset[str],
+        now: float,
+        sel: tuple[str, ...] | None,
     ) -> tuple[bool, tuple[ClusterState, float, ClusterState | None] | None]:
         """What ``_reserve`` would reserve now, capacity having changed on ``changed``.
 
         Clusters outside ``changed`` give the same earliest fits (the queue's horizon
         bounds how long those stay valid) in the same relative order, so the best of
         them is still ``rec.where``, or no worse than it was if that changed itself:
-        only a changed cluster can beat it. Returns (False, None) if that cannot be
+        only a changed cluster can beat it. (If it got worse, the best is known only
+        where every cluster it could go to changed: ``sel`` is the queue's selector.)
+        Returns (False, None) if that cannot be
         told without a visit (or the clusters held instead would change); else
         (True, None) if the reservation stays as it is, or (True, (cluster, time,
         EASY extra)) for the one ``_reserve`` would make now.
@@ -1796,7 +1822,9 @@ class Scheduler:
                 if fit is None:
                     return no
                 k = _order_key(best)
-                if fit[0] > best_t or (fit[0] == best_t and k > best_k):  # type: ignore[operator]
+                if (
+                    fit[0] > best_t or (fit[0] == best_t and k > best_k)  # type: ignore[operator]
+                ) and not self._all_read(sel, rec, changed):
                     return no
                 best_t, best_k = fit[0], k
                 moved = (best, fit[0], fit[1])
