@@ -134,6 +134,8 @@ class LeaseStore:
         workflow_id: str,
         spec: Mapping[str, Any],
         submitted_at: float,
+        *,
+        flips: set[tuple[str, str]] | None = None,
     ) -> bool:
         inserted = self._insert_ignore(
             conn,
@@ -148,7 +150,7 @@ class LeaseStore:
                 "status": "pending",
             },
         )
-        flipped = self._flip(conn, tenant, queue_channel(queue))
+        flipped = self._flip(conn, tenant, queue_channel(queue), flips)
         return flipped or not inserted
 
     def apply(self, ops: Sequence[tuple[str, tuple[Any, ...]]]) -> list[bool]:
@@ -163,8 +165,14 @@ class LeaseStore:
             elif kind != "put":
                 raise ValueError(f"op: {kind!r} is not put or finish")
         with self._lock, self.engine.begin() as conn:
+            # One flag write per channel per batch: after the first op of a channel has
+            # flipped (or found set) its flag, it stays set until this commit, so the
+            # later ops' flips would all answer "already set" anyway.
+            flips: set[tuple[str, str]] = set()
             return [
-                self._put_lease(conn, *args) if kind == "put" else self._finish_lease(conn, *args)
+                self._put_lease(conn, *args, flips=flips)
+                if kind == "put"
+                else self._finish_lease(conn, *args, flips=flips)
                 for kind, args in ops
             ]
 
@@ -226,7 +234,15 @@ class LeaseStore:
         with self._lock, self.engine.begin() as conn:
             return self._finish_lease(conn, tenant, action_id, kind)
 
-    def _finish_lease(self, conn: Connection, tenant: str, action_id: str, kind: str) -> bool:
+    def _finish_lease(
+        self,
+        conn: Connection,
+        tenant: str,
+        action_id: str,
+        kind: str,
+        *,
+        flips: set[tuple[str, str]] | None = None,
+    ) -> bool:
         key = (LeaseRow.tenant == tenant) & (LeaseRow.action_id == action_id)
         conn.execute(
             delete(AdmissionRow).where(
@@ -248,7 +264,7 @@ class LeaseStore:
             # Already marked (a retry) or gone: nudge again only if still unclaimed.
             row = conn.execute(select(LeaseRow.done_claim).where(key)).first()
             return row is not None and row[0] is None
-        return self._flip(conn, tenant, DONE_CHANNEL) or False
+        return self._flip(conn, tenant, DONE_CHANNEL, flips)
 
     # --- in-process admissions -------------------------------------------------------
 
@@ -457,7 +473,35 @@ class LeaseStore:
         pk = next(iter(table.primary_key))
         return conn.execute(stmt.returning(pk)).first() is not None
 
-    def _flip(self, conn: Connection, tenant: str, channel: str) -> bool:
+    def _flip(
+        self,
+        conn: Connection,
+        tenant: str,
+        channel: str,
+        flips: set[tuple[str, str]] | None = None,
+    ) -> bool:
+        """Set a channel's flag; True if it was clear (the caller must nudge).
+
+        ``flips``: channels this transaction has set already (skipped: still set).
+        """
+        if flips is not None:
+            if (tenant, channel) in flips:
+                return False
+            flips.add((tenant, channel))
+        return self._flip_row(conn, tenant, channel)
+
+    def _flip_row(self, conn: Connection, tenant: str, channel: str) -> bool:
+        table = cast(Table, ShardFlag.__table__)
+        if self.dialect in ("sqlite", "postgresql"):
+            # One statement: insert the flag set, or set it only where it was clear; a
+            # row comes back exactly when the flag went from absent or clear to set.
+            ins: Any = (sqlite if self.dialect == "sqlite" else postgresql).insert(table)
+            stmt = ins.values(tenant=tenant, channel=channel, dirty=True).on_conflict_do_update(
+                index_elements=[table.c.tenant, table.c.channel],
+                set_={"dirty": True},
+                where=table.c.dirty.is_(False),
+            )
+            return conn.execute(stmt.returning(table.c.tenant)).first() is not None
         self._insert_ignore(conn, ShardFlag, {"tenant": tenant, "channel": channel, "dirty": False})
         return bool(
             conn.execute(

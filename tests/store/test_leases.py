@@ -175,6 +175,32 @@ def test_group_commit_matches_calls_one_after_another(store: LeaseStore, tenant:
     ]
 
 
+@pytest.mark.parametrize(
+    "already_set",
+    [pytest.param(False, id="flags-clear-before-the-batch"), pytest.param(True, id="q-flag-set")],
+)
+def test_group_commit_flips_each_channel_once_per_queue_and_tenant(
+    store: LeaseStore, tenant: str, already_set: bool
+) -> None:
+    other = tenant + "-b"
+    if already_set:
+        assert put(store, tenant, 100, "q") is True  # sets q's flag before the batch
+    ops: list[tuple[str, tuple[object, ...]]] = [
+        ("put", (tenant, "a1", "q", "wf-a1", spec(1), 1.0)),
+        ("put", (tenant, "a2", "r", "wf-a2", spec(2, "r"), 2.0)),
+        ("put", (other, "a3", "q", "wf-a3", spec(3), 3.0)),
+        ("put", (tenant, "a4", "q", "wf-a4", spec(4), 4.0)),
+        ("put", (tenant, "a5", "r", "wf-a5", spec(5, "r"), 5.0)),
+    ]
+    # One nudge per (tenant, channel) whose flag this batch found clear, from its first op.
+    assert store.apply(ops) == [not already_set, True, True, False, False]
+    assert store.flag(tenant, queue_channel("q")) and store.flag(tenant, queue_channel("r"))
+    assert store.flag(other, queue_channel("q"))
+    store.sync(tenant, "s1", {"q": 10, "r": 10})
+    assert not store.flag(tenant, queue_channel("q"))
+    assert store.flag(other, queue_channel("q"))  # another tenant's flag is its own
+
+
 def test_in_process_admission_is_durable_until_the_end(store: LeaseStore, tenant: str) -> None:
     put(store, tenant, 1)
     store.sync(tenant, "s1", {"q": 10})
