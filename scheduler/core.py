@@ -688,6 +688,10 @@ class Scheduler:
         # that moved it from version ``base`` to ``last`` with nothing else between, and
         # when those actions are expected to end (see ``_carried``).
         self._chain: dict[int, tuple[int, int, float, float]] = {}
+        # Per cluster: (base, last, latest estimated end) of the run of completions that
+        # moved it from version ``base`` to ``last`` with nothing else between (see
+        # ``_freed``).
+        self._fchain: dict[int, tuple[int, int, float]] = {}
         # Per cluster: its releases in time order as of (state, version, env epoch, now),
         # shared by the projections of every demand there (see ``_releases``).
         self._rel_cache: dict[int, tuple[Any, ...]] = {}
@@ -982,7 +986,9 @@ class Scheduler:
                 inst.expires_at = now + inst.spec.idle_ttl
             self._env_epoch += 1
         elif a.nodes and c is not None:
+            before = c.version
             c.give(a.runs, a.nodes)
+            self._chain_free(c, before, a.est_end)
         if q is not None:
             if _reads_running(q.spec):
                 # Its gates read its running work. (Otherwise a visit reads what ended
@@ -2472,7 +2478,7 @@ class Scheduler:
         key = (c.index, dkey, easy)
         hit = self._fit_cache.get(key)
         if hit is not None and hit[0] != c.version:
-            hit = self._carried(c, key, hit)
+            hit = self._carried(c, key, hit) or self._freed(c, key, hit, now)
         if (
             hit is not None
             and hit[0] == c.version
@@ -2537,6 +2543,69 @@ class Scheduler:
         got = (c.version, hit[1], hit[2], min(hit[3], ch[3]), res)
         self._fit_cache[key] = got
         return got
+
+    def _freed(
+        self, c: ClusterState, key: tuple[int, int, bool], hit: tuple[Any, ...], now: float
+    ) -> tuple[Any, ...] | None:
+        """A cached projection of ``c`` brought to its current version, if only
+        completions changed it since, each of work the projection counted given back
+        by the time it found (see ``_fchain``), and the work still running gives back
+        too little, in total, for the demand before then; else None.
+
+        The projection holds the cluster as it is at each time work ends: from the
+        time it found on, node by node, the cluster is as it was (what ended was
+        counted gone by then); before, it holds more, but ``_project_from`` places
+        nothing where the totals fall short. So the answer and EASY's extra stay.
+        (The clock window is the cached one: no running action reached its
+        estimated end inside it, so the work still running ends when it did.)
+        """
+        fc = self._fchain.get(c.index)
+        if fc is None or fc[1] != c.version or fc[0] > hit[0]:
+            return None
+        res = hit[4]
+        if res is None or fc[2] > res[0]:
+            return None
+        if hit[1] != self._env_epoch or not hit[2] <= now <= hit[3]:
+            return None
+        need = self._needs.get(key[1])
+        if need is None:
+            return None
+        releases = self._releases(c, now)
+        if releases is None:
+            return None
+        until = res[0]
+        fcpu, fmem, feph, fgpu = c.tcpu, c.tmem, c.teph, c.tgpu
+        i = 0
+        n = len(releases)
+        while i < n:
+            t = releases[i][0]
+            if t >= until:
+                break
+            while i < n and releases[i][0] == t:
+                u = releases[i][4]
+                fcpu += u.cpu
+                fmem += u.memory
+                feph += u.eph
+                fgpu += u.gpu
+                i += 1
+            if fcpu >= need.cpu and fmem >= need.memory and feph >= need.eph and fgpu >= need.gpu:
+                return None  # it may fit earlier now
+        got = (c.version, hit[1], hit[2], hit[3], res)
+        self._fit_cache[key] = got
+        return got
+
+    def _chain_free(self, c: ClusterState, before: int, est_end: float | None) -> None:
+        """Note a completion on ``c`` that moved it from version ``before`` on: the run
+        of completions since ``_fchain``'s base, and the latest of their estimated ends
+        (an action with no estimate ends the run)."""
+        if est_end is None:
+            self._fchain.pop(c.index, None)
+            return
+        fc = self._fchain.get(c.index)
+        if fc is not None and fc[1] == before:
+            self._fchain[c.index] = (fc[0], c.version, max(fc[2], est_end))
+        else:
+            self._fchain[c.index] = (before, c.version, est_end)
 
     def _chain_admit(self, c: ClusterState, before: int, est_end: float | None) -> None:
         """Note an admission on ``c`` that moved it from version ``before`` on: the
