@@ -60,16 +60,19 @@ class _JSONPlain(EncodingPayloadConverter):
         return adapter.validate_json(payload.data)
 
 
+#: The encoding converters, stateless, shared by every ``HeadwayPayloadConverter``: the
+#: worker builds a converter per activation and command (serialization contexts).
+_CONVERTERS: tuple[EncodingPayloadConverter, ...] = tuple(
+    _JSONPlain() if isinstance(c, JSONPlainPayloadConverter) else c
+    for c in DefaultPayloadConverter.default_encoding_payload_converters
+)
+
+
 class HeadwayPayloadConverter(CompositePayloadConverter):
     """Temporal's default converters, with JSON through the process-wide adapter cache."""
 
     def __init__(self) -> None:
-        super().__init__(
-            *(
-                _JSONPlain() if isinstance(c, JSONPlainPayloadConverter) else c
-                for c in DefaultPayloadConverter.default_encoding_payload_converters
-            )
-        )
+        super().__init__(*_CONVERTERS)
 
 
 #: The data converter of every client Headway connects (see ``protocol.data_converter``).
