@@ -134,7 +134,8 @@ class ActionResult:
 # an import-hook context and each new run a module re-execution. Determinism here rests
 # on what the sandbox would only have guarded: the code reads time and randomness only
 # through ``workflow``, calls the pure core, and the checked-in histories replay in CI.
-# The scheduler workflow, fewer activations and much more code, stays sandboxed.
+# The scheduler workflow runs unsandboxed for the same reasons (it has an activation per
+# pass and per local activity, and its code is the pure core plus this package).
 @workflow.defn(name=protocol.ACTION_WORKFLOW, sandboxed=False)
 class ActionWorkflow:
     """One action: enqueue with the shard scheduler, run when admitted, release once."""

@@ -108,7 +108,11 @@ class _Loop:
     capacity: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-@workflow.defn(name=protocol.SCHEDULER_WORKFLOW)
+# Unsandboxed, as ``ActionWorkflow`` (see there): the sandbox's import context around
+# every activation cost ~0.5 ms of worker CPU per admitted action under load, and what
+# it guards (time, randomness, I/O) this code reaches only through ``workflow`` and the
+# pure core; the checked-in histories replay in CI.
+@workflow.defn(name=protocol.SCHEDULER_WORKFLOW, sandboxed=False)
 class SchedulerWorkflow:
     """One per tenant: queues, reservations and clusters; emits admissions in batches."""
 
