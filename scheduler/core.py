@@ -30,7 +30,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Protocol
 
 from .fit import ClusterState, Runs, runs_of, sort_pods, uniform
@@ -52,6 +52,7 @@ __all__ = ["Admitted", "NodeReport", "Scheduler"]
 _ZERO = Usage()
 _INF = float("inf")
 _POS = attrgetter("pos")
+_BY_TIME_SEQ = itemgetter(0, 1)
 _LOG_MAX = 8192
 _NO_CHANGE: frozenset[str] = frozenset()
 # Not in a cache (a cached answer may be None).
@@ -468,12 +469,21 @@ class _EnvInstance:
 
 
 class _Reservation:
-    __slots__ = ("extra", "head", "time")
+    """A head's reservation: when, and (EASY) what its projected placement leaves.
 
-    def __init__(self, time: float, extra: ClusterState | None, head: str) -> None:
+    ``shared``: ``extra`` is a cached projection (see ``Scheduler._earliest_fit``),
+    copied only when an admission first uses it up (``Scheduler._use_up``).
+    """
+
+    __slots__ = ("extra", "head", "shared", "time")
+
+    def __init__(
+        self, time: float, extra: ClusterState | None, head: str, shared: bool = False
+    ) -> None:
         self.time = time
         self.extra = extra
         self.head = head
+        self.shared = shared
 
 
 class _Eval:
@@ -1466,7 +1476,7 @@ class Scheduler:
                 own = (
                     (old_name, old)
                     if moved is None
-                    else (moved[0].name, _Reservation(moved[1], moved[2], old.head))
+                    else (moved[0].name, _Reservation(moved[1], moved[2], old.head, shared=True))
                 )
         if ok:
             ok = self._evals_still(q, changed, now, own)
@@ -1888,8 +1898,8 @@ class Scheduler:
         rec.where = c.name
         rec.key = _order_key(c)
         rec.time = t
-        # Admissions use EASY's extra up: keep a copy, not the cached projection.
-        r = _Reservation(t, extra.clone() if extra is not None else None, old.head)
+        # Admissions use EASY's extra up: it is copied when one first does.
+        r = _Reservation(t, extra, old.head, shared=True)
         q.last_resv = ((c.name, r),)
         return True
 
@@ -2239,7 +2249,7 @@ class Scheduler:
         room = False
         first_block: Reason | None = None
         chosen: ClusterState | None = None
-        extras: list[ClusterState] = []
+        extras: list[_Reservation] = []
         for c in order:
             if c.known and not checked:
                 ik = (c.index, dkey)
@@ -2280,10 +2290,10 @@ class Scheduler:
                 del self._vrooms[dkey]
             before = chosen.version
             if chosen.known:
-                nodes = chosen.place(runs, commit=True, limit=extras[0] if extras else None)
+                nodes = chosen.place(runs, commit=True, limit=extras[0].extra if extras else None)
                 assert nodes is not None
-                for extra in extras:
-                    extra.take(runs, nodes)
+                for used in extras:
+                    self._use_up(used, runs, nodes)
             else:
                 nodes = []
             new_inst = None
@@ -2382,10 +2392,11 @@ class Scheduler:
         rs: list[_Reservation],
         runs: Runs,
         c: ClusterState,
-    ) -> list[ClusterState] | None:
+    ) -> list[_Reservation] | None:
         """May ``a`` start on a cluster under reservations ``rs``?
 
-        Returns None if not; else the EASY extras it must use up (empty: none).
+        Returns None if not; else the reservations whose EASY extra it must use up
+        (empty: none).
         """
         if a.spec.estimate is None:
             self._vhist = True  # an estimate from the task's history
@@ -2393,7 +2404,7 @@ class Scheduler:
         if est is None:
             return None
         end = now + est
-        need: list[ClusterState] = []
+        need: list[_Reservation] = []
         for r in rs:
             if end <= r.time:
                 # Allowed until the action would no longer be gone by the reservation.
@@ -2406,13 +2417,16 @@ class Scheduler:
                 continue
             if r.extra is None:
                 return None
-            need.append(r.extra)
+            need.append(r)
         if not need or not runs:
             return need if runs else []
-        limit = need[0]
+        limit = need[0].extra
+        assert limit is not None
         if len(need) > 1:
             limit = limit.clone()
-            for other in need[1:]:
+            for o in need[1:]:
+                other = o.extra
+                assert other is not None
                 for i in range(len(limit.fcpu)):
                     limit.fcpu[i] = min(limit.fcpu[i], other.fcpu[i])
                     limit.fmem[i] = min(limit.fmem[i], other.fmem[i])
@@ -2421,6 +2435,16 @@ class Scheduler:
         if c.place(runs, commit=False, limit=limit) is None:
             return None
         return need
+
+    @staticmethod
+    def _use_up(r: _Reservation, runs: Runs, nodes: list[int]) -> None:
+        """An admission under ``r`` takes ``nodes`` out of its EASY extra."""
+        x = r.extra
+        assert x is not None
+        if r.shared:
+            r.extra = x = x.clone()
+            r.shared = False
+        x.take(runs, nodes)
 
     def _release_time(self, a: _Action, now: float) -> float | None:
         """When a running action is expected to end; one past its estimate ends "now"."""
@@ -2467,9 +2491,8 @@ class Scheduler:
             frozenset(held),
         )
         if best is not None:
-            # Admissions use EASY's extra up: keep a copy, not the cached projection.
-            extra = best[2].clone() if best[2] is not None else None
-            self._reserve_on(best[1].name, _Reservation(best[0], extra, head.id))
+            # Admissions use EASY's extra up: it is copied when one first does.
+            self._reserve_on(best[1].name, _Reservation(best[0], best[2], head.id, shared=True))
 
     def _earliest_fit(
         self, c: ClusterState, runs: Runs, now: float, easy: bool, dkey: int
@@ -2679,7 +2702,7 @@ class Scheduler:
             else:
                 t = inst.expires_at if inst.expires_at is not None else now
             releases.append((max(t, now), -1, inst.runs, inst.nodes, inst.usage))
-        releases.sort(key=lambda r: (r[0], r[1]))
+        releases.sort(key=_BY_TIME_SEQ)
         self._rel_cache[c.index] = (c, c.version, self._env_epoch, now, releases, nxt)
         return releases
 

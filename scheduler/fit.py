@@ -519,7 +519,8 @@ def runs_of(pods: Sequence[Pod]) -> Runs:
         return ((pods[0], len(pods)),)
     out: list[tuple[Pod, int]] = []
     for p in pods:
-        if out and out[-1][0] == p:
+        # Identity first: a short gang is often one pod object repeated too.
+        if out and (out[-1][0] is p or out[-1][0] == p):
             out[-1] = (p, out[-1][1] + 1)
         else:
             out.append((p, 1))

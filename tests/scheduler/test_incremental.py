@@ -972,3 +972,33 @@ def test_an_early_completion_before_the_reservation_keeps_it() -> None:
     assert got[0][0] == got[1][0]
     assert got[0][0][3] == []
     assert got[0][1] > 0
+
+
+def test_easy_extra_used_up_leaves_the_shared_projection_whole() -> None:
+    """A reservation's EASY extra is shared with the cached projection until an
+    admission uses it up: using it must not change what a later reservation of the
+    same demand on the same (emptied) cluster is given."""
+    two = Pod(cpu=2000)
+    s = Scheduler(
+        [ClusterSpec("c", (NodeGroup("n", 4, two),))],
+        [QueueSpec("fill", priority=Priority.critical), QueueSpec("q", algorithm=Algorithm.easy)],
+    )
+
+    def sub(aid: str, q: str, pods: tuple[Pod, ...], t: float, seq: int, est: float) -> None:
+        assert s.submit(ActionSpec(aid, q, pods, submit=t, seq=seq, estimate=est), t) is None
+
+    sub("A", "fill", (two,) * 3, 0.0, 0, 100.0)
+    assert [a.action_id for a in s.schedule(0.0)] == ["A"]
+    sub("H", "q", (two,) * 3, 1.0, 1, 50.0)  # reserves at 100, when the cluster empties
+    sub("X", "q", (Pod(cpu=1000),), 1.0, 2, 1000.0)  # fits beside it: half of EASY's extra
+    assert [a.action_id for a in s.schedule(1.0)] == ["X"]
+    s.finish("A", 100.0)
+    assert [a.action_id for a in s.schedule(100.0)] == ["H"]
+    s.finish("H", 101.0)
+    s.finish("X", 101.0)
+    s.schedule(101.0)
+    sub("A2", "fill", (two,) * 3, 102.0, 3, 200.0)
+    assert [a.action_id for a in s.schedule(102.0)] == ["A2"]
+    sub("H2", "q", (two,) * 3, 103.0, 4, 50.0)  # the same reservation, at 200
+    sub("Y", "q", (two,), 103.0, 5, 1000.0)  # all of EASY's extra: the last node, whole
+    assert [a.action_id for a in s.schedule(103.0)] == ["Y"]
