@@ -13,7 +13,7 @@ import heapq
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .core import Scheduler
@@ -24,14 +24,18 @@ from .scenario import Scenario, WorkItem
 __all__ = ["SimResult", "load_swf", "render_json", "simulate", "summary_text"]
 
 
-@dataclass
 class _Rec:
-    item: WorkItem
-    start: float | None = None
-    end: float | None = None
-    cluster: str | None = None
-    status: str = "pending"
-    reasons: list[str] = field(default_factory=list)
+    # A plain class, not a dataclass: one is made per action of a trace, and a
+    # dataclass's generated ``__init__`` (with a default factory) costs more.
+    __slots__ = ("cluster", "end", "item", "reasons", "start", "status")
+
+    def __init__(self, item: WorkItem) -> None:
+        self.item = item
+        self.start: float | None = None
+        self.end: float | None = None
+        self.cluster: str | None = None
+        self.status = "pending"
+        self.reasons: list[str] = []
 
 
 @dataclass
