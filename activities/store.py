@@ -23,9 +23,7 @@ case (timeout, dispatch on another worker, too many waiters) falls back to the s
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
-from math import inf
 from typing import Any
 
 from headway import protocol
@@ -64,10 +62,6 @@ PUT_LEASE = PUT_LEASE_ACTIVITY
 FINISH_LEASE = FINISH_LEASE_ACTIVITY
 SYNC_LEASES = SYNC_ACTIVITY
 PUT_LEASE_WAIT = PUT_LEASE_WAIT_ACTIVITY
-
-# The sync linger's clock (module names, so tests can run it on a fake clock).
-_monotonic = time.monotonic
-_sleep = asyncio.sleep
 
 
 class _GroupCommit:
@@ -161,7 +155,6 @@ class StoreActivities:
         self.fleet = list(fleet)
         self.waiters = waiters if waiters is not None else AdmissionWaiters()
         self._commit = _GroupCommit(store)
-        self._last_sync: dict[str, float] = {}  # tenant -> monotonic time of its last sync
 
     async def nudge(self, tenant: str, channel: str) -> None:
         """Signal the tenant's scheduler that the store has news on ``channel``.
@@ -252,21 +245,7 @@ class StoreActivities:
 
     @activity.defn(name=SYNC_LEASES)
     async def sync(self, inp: SyncInput) -> SyncOutput:
-        """The scheduler's refill: claim new leases (up to its room) and ends.
-
-        With ``inp.linger_s``, first waits until that long after the tenant's previous
-        sync on this worker, so that submissions of a steady stream arrive in batches.
-        """
-        if inp.linger_s > 0:
-            wait = self._last_sync.get(inp.tenant, -inf) + inp.linger_s - _monotonic()
-            if wait > 0:
-                await _sleep(min(wait, inp.linger_s))
-        try:
-            return await self._sync(inp)
-        finally:
-            self._last_sync[inp.tenant] = _monotonic()
-
-    async def _sync(self, inp: SyncInput) -> SyncOutput:
+        """The scheduler's refill: claim new leases (up to its room) and ends."""
         r = await asyncio.to_thread(
             lambda: self.store.sync(
                 inp.tenant,

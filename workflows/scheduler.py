@@ -91,13 +91,6 @@ REAP_AFTER_S = 900.0
 REAP_BATCH = 500
 #: Continue as new at the latest here, whatever the server suggests.
 MAX_HISTORY = 10_000
-#: A sync driven by nudges reads the store no sooner than this after the previous one.
-#: Under a steady stream of submissions every cycle (nudge signal, workflow task, sync,
-#: pass, dispatch) costs the same whatever it carries, and a faster cycle only carries
-#: less; the store flags keep submitters silent meanwhile, so waiting costs nothing but
-#: this much latency, and only when syncs come this close together. Backlog refills and
-#: an idle shard's first sync do not wait.
-SYNC_LINGER_S = 0.1
 
 
 @dataclass
@@ -432,7 +425,6 @@ class SchedulerWorkflow:
                 max_leases=MAX_SYNC_LEASES,
                 max_done=MAX_SYNC_DONE,
                 forget=forget,
-                linger_s=0.0 if self._backlog_refill_needed() else SYNC_LINGER_S,
             ),
             result_type=SyncOutput,
             start_to_close_timeout=timedelta(seconds=60),

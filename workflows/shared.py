@@ -125,9 +125,6 @@ class SyncInput:
     max_leases: int
     max_done: int
     forget: list[str] = field(default_factory=list)
-    #: Wait until this long after the tenant's previous sync on this worker before
-    #: reading (nudge-driven syncs only; see ``SYNC_LINGER_S`` in the scheduler).
-    linger_s: float = 0.0
 
 
 @dataclass
