@@ -1203,8 +1203,8 @@ class Scheduler:
             q.last_up_len = up
             q.tail = 0
             # The state as the visit finds it: holds and reservations made by the visit
-            # itself are its output, not its input. (A visit that admitted anything is
-            # never skipped next time, so what it changed needs no record.)
+            # itself are its output, not its input. (What a visit that admitted work
+            # changed is in the capacity log, or its records are dropped: see below.)
             q.last_sig = sig
             q.last_hist = self._hist_epoch
             q.cap_pos = self._cap_base + len(self._cap_log)
@@ -1273,11 +1273,12 @@ class Scheduler:
         """Decide the ``k`` actions appended to ``q`` since its last visit, whose other
         answers were just found to stand (``_still``), and extend its records.
 
-        A visit takes the queue in order, and every action before these was given the
-        answer it had, with no state change among them (a visit that admitted nothing):
-        so these meet the state the last one left, which is what stands now, with the
-        queue's own holds and reservations made again. Each is decided on its own, not
-        from a class memo (whose answers are the same by construction).
+        A visit takes the queue in order, and every action before these would get the
+        answer it has, with nothing admitted among them (that is what the check
+        found): so these meet the state as it stands now, with the queue's own holds
+        and reservations made again, and its block or reservation as it was. Each is
+        decided on its own, not from a class memo (whose answers are the same by
+        construction).
         """
         self.tail_visits += 1
         v = _Visit(q, self._eligible(q))
