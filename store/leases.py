@@ -47,6 +47,7 @@ from sqlalchemy import (
     event,
     func,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -143,8 +144,13 @@ class _Prepared:
             select(leases.c.id)
             .where(
                 (leases.c.tenant == t)
-                & leases.c.done.is_not(None)
-                & leases.c.done_claim.is_(None)
+                # Spelled so that planners without statistics (SQLite) seek
+                # ix_headway_leases_ended: done IS NOT NULL as equalities (a rejected
+                # lease is deleted, never marked), and done_claim IS NULL through a
+                # function, or "tenant and done_claim IS NULL", true of every pending
+                # lease, looks the better index.
+                & leases.c.done.in_(["finished", "cancelled"])
+                & (func.coalesce(leases.c.done_claim, "") == "")
                 & (leases.c.status == "claimed")
             )
             .order_by(leases.c.id)
@@ -173,12 +179,27 @@ class _Prepared:
             .where(leases.c.id.in_(ids) & (leases.c.status == "pending"))
             .values(status="claimed", claim=bindparam("tok"))
         )
-        self.pending_queues = (
+        self.pending_queues: Any = (
             select(leases.c.queue)
             .where((leases.c.tenant == t) & (leases.c.status == "pending"))
             .group_by(leases.c.queue)
             .order_by(leases.c.queue)
         )
+        if dialect in ("sqlite", "postgresql"):
+            # The same answer by skipping through the pending index one queue at a time
+            # (a "loose index scan"): a seek per queue instead of reading every pending
+            # row, which under a million-lease backlog took ~230 ms per sync, all of it
+            # inside the write transaction other tenants' submissions wait for.
+            self.pending_queues = text(
+                "WITH RECURSIVE q(name) AS ("
+                " SELECT MIN(queue) FROM headway_leases"
+                "  WHERE tenant = :t AND status = 'pending'"
+                " UNION ALL"
+                " SELECT (SELECT MIN(queue) FROM headway_leases"
+                "   WHERE tenant = :t AND status = 'pending' AND queue > q.name)"
+                "  FROM q WHERE q.name IS NOT NULL)"
+                " SELECT name FROM q WHERE name IS NOT NULL ORDER BY name"
+            )
         self.claimed = (
             select(leases.c.spec, leases.c.workflow_id, leases.c.submitted_at)
             .where((leases.c.tenant == t) & (leases.c.claim == bindparam("tok")))
@@ -213,6 +234,11 @@ class LeaseStore:
             threading.Lock() if engine.dialect.name == "sqlite" else nullcontext()
         )
         Base.metadata.create_all(engine)
+        # create_all makes missing tables only: an index added since a database was made
+        # is created here.
+        for table in Base.metadata.sorted_tables:
+            for index in table.indexes:
+                index.create(engine, checkfirst=True)
 
     @property
     def dialect(self) -> str:
@@ -335,6 +361,10 @@ class LeaseStore:
                 n += len(batch)
             for q in sorted(queues):
                 self._flip(conn, tenant, queue_channel(q))
+            if self.dialect == "postgresql":
+                # Fresh statistics, so the planner seeks through the pending index at
+                # once rather than after autovacuum notices the bulk load.
+                conn.exec_driver_sql("ANALYZE headway_leases")
         return n
 
     def finish_lease(self, tenant: str, action_id: str, kind: str) -> bool:

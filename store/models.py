@@ -45,6 +45,9 @@ class LeaseRow(Base):
         Index("ix_headway_leases_pending", "tenant", "status", "queue", "id"),
         Index("ix_headway_leases_claim", "tenant", "claim"),
         Index("ix_headway_leases_done", "tenant", "done_claim"),
+        # Ends (done set): a few rows among a backlog of pending ones, found by a seek
+        # instead of a scan of the tenant's rows.
+        Index("ix_headway_leases_ended", "tenant", "done"),
     )
 
     id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)

@@ -211,3 +211,33 @@ def test_in_process_admission_is_durable_until_the_end(store: LeaseStore, tenant
     assert store.admission(tenant, "a2") is None
     store.finish_lease(tenant, "a1", "finished")
     assert store.admission(tenant, "a1") is None
+
+
+def test_an_index_added_since_a_database_was_made_is_created_on_open(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    s = LeaseStore(url)
+    with s.engine.begin() as conn:
+        conn.exec_driver_sql("DROP INDEX ix_headway_leases_ended")  # as an older release made it
+    s.close()
+    s = LeaseStore(url)
+    with s.engine.connect() as conn:
+        names = {
+            r[0]
+            for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'index'")
+        }
+    assert "ix_headway_leases_ended" in names
+    s.close()
+
+
+@pytest.mark.parametrize(
+    "n_queues", [pytest.param(1, id="one-queue"), pytest.param(7, id="seven-queues")]
+)
+def test_sync_finds_every_queue_with_pending_leases_in_name_order(
+    store: LeaseStore, tenant: str, n_queues: int
+) -> None:
+    names = [f"q{k}" for k in reversed(range(n_queues))]
+    for i, q in enumerate(names * 3):
+        put(store, tenant, i, q)
+    res = store.sync(tenant, "s1", dict.fromkeys(names, 1))
+    assert res.more == sorted(names)  # each queue left two behind
+    assert sorted({d["queue"] for d in res.leases}) == sorted(names)
