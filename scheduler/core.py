@@ -1138,7 +1138,7 @@ class Scheduler:
                 sig_was = sig
                 if tail > 0:
                     ls = q.last_sig
-                    if ls is not None and ls[0] + tail == q.epoch and self._tail_mode(q):
+                    if ls is not None and ls[0] + tail == q.epoch and self._classes_as_now(q):
                         sig_was = (ls[0], *sig[1:])
                     else:
                         tail = 0
@@ -1250,11 +1250,12 @@ class Scheduler:
             q.resv_rec = self._vresv
         return started
 
-    def _tail_mode(self, q: _Queue) -> bool:
+    def _classes_as_now(self, q: _Queue) -> bool:
         """Are ``q``'s decision classes (if built) grouped as a visit now would group
         them (see ``_visit``)? A fit's reason changed in place goes to the later
         members of its class (``_flip``), appended ones included: that is right only
-        if the class is one the visit would have answered alike."""
+        if the class is one a visit now would answer alike (with reservations about,
+        estimates part of it)."""
         if q.cls_mode is None:
             return True
         spec = q.spec
@@ -1583,6 +1584,7 @@ class Scheduler:
         algo = q.spec.algorithm
         flips = self._flips
         mixed = q.mixed
+        acted: list[set[int]] = []  # see ``_alone``, made once if needed
         own_name = own[0] if own is not None else None
         head_key: tuple[float, int] | None = None
         if own is not None:
@@ -1603,7 +1605,11 @@ class Scheduler:
                     continue
                 if dr:
                     if first is None:
-                        if algo is not Algorithm.strict or mixed:
+                        if (
+                            algo is not Algorithm.strict
+                            or not self._classes_as_now(q)
+                            or (mixed and not self._alone(q, e, acted))
+                        ):
                             return False  # NoClusterCapacity would become HeldForGang
                         e.reason = Reason.HeldForGang
                         flips.append(e)
@@ -1637,11 +1643,34 @@ class Scheduler:
                 rooms.add(name)
             if not rooms:
                 if first is not None:
-                    return False  # room went: the head would block or reserve
+                    # Room went: NoClusterCapacity now. That changes nothing but the
+                    # reason for a greedy queue's fit, or a reserving queue's past its
+                    # head (which reserved already); a strict queue's would block, a
+                    # reserving queue's head (or one before it) would reserve.
+                    if (
+                        algo is Algorithm.strict
+                        or not self._classes_as_now(q)
+                        or (mixed and not self._alone(q, e, acted))
+                    ):
+                        return False
+                    if algo is not Algorithm.greedy:
+                        if not q.last_resv:
+                            return False  # see ``_flip``
+                        h = self.actions.get(q.blocked_head or "")
+                        if h is None:
+                            return False
+                        hk = (h.submit, h.seq)
+                        for a in e.acts:
+                            if (a.submit, a.seq) <= hk:
+                                return False
+                    e.reason = Reason.NoClusterCapacity
+                    e.first = None
+                    e.fkey = None
+                    flips.append(e)
                 continue
             if first is None:
-                if mixed:
-                    return False  # a reason changed in place (see ``_pass``)
+                if not self._classes_as_now(q) or (mixed and not self._alone(q, e, acted)):
+                    return False  # a reason changed in place (see ``_flip``)
                 if algo is Algorithm.strict:
                     # The head's fit (a strict queue's only one before its block): it
                     # blocks all the same, only without holding clusters.
@@ -1649,6 +1678,8 @@ class Scheduler:
                 elif algo is not Algorithm.greedy:
                     # Past a reserving queue's head, as past a strict one's block; the
                     # head's own fit would not reserve any more.
+                    if not q.last_resv:
+                        return False  # see ``_flip``
                     head = q.blocked_head
                     for a in e.acts:
                         if a.id == head:
@@ -1705,6 +1736,30 @@ class Scheduler:
         return True
 
     @staticmethod
+    def _alone(q: _Queue, e: _Eval, acted: list[set[int]]) -> bool:
+        """In records found at more than one capacity (``_Queue.mixed``), may fit
+        ``e``'s new reason go to the class members after its actions (``_flip``)?
+
+        Only if none of them was decided on its own (after a state change, by a fit
+        of its own): each then had the answer of the action before it, and shares
+        its new one. (Such records come from a queue without gates on running work,
+        so every action decided on its own made a fit.) ``acted`` keeps the actions
+        of every fit, made on first use.
+        """
+        if not acted:
+            acted.append({id(a) for x in q.evals for a in x.acts})
+        ids = acted[0]
+        for a in e.acts:
+            c = a.cls
+            if c is None:
+                return False
+            m = c.m
+            for x in m[bisect_left(m, a.pos, key=_POS) + 1 :]:
+                if id(x) in ids:
+                    return False
+        return True
+
+    @staticmethod
     def _flip(q: _Queue, e: _Eval) -> None:
         """Give the members that shared fit ``e``'s answer its new reason.
 
@@ -1714,7 +1769,11 @@ class Scheduler:
         change; past a strict queue's block, or a reserving queue's reservation, there
         is none), so each of its actions' answer went to every later member of its
         class. And a strict queue's head, whose answer went to it alone: it blocks the
-        queue as before, only its holds go (``_still``).
+        queue as before, only its holds go (``_still``). The classes must be grouped
+        as a visit now would (``_classes_as_now``), and a reserving queue's head must
+        have made a reservation: until one exists, the visit's memo ignores estimates
+        (``_memo_loop``), so an answer may have gone to members of other classes
+        (which keep their estimate) too.
         """
         r = e.reason
         # A strict queue's head blocks it: its answer went to it alone.

@@ -905,9 +905,11 @@ def trace_like(seed: int) -> Scenario:
     return Scenario(clusters, queues, OrgLimits(), [], work, [])
 
 
-@pytest.mark.parametrize("seed", range(150))
+# 200099: a greedy queue's classes grouped without estimates (no reservation about at
+# its visit) while one now stands: a reason changed in place must not go to the class.
+@pytest.mark.parametrize("seed", [*range(60000, 60150), 200099])
 def test_trace_like_runs_match_the_plain_loop(seed: int) -> None:
-    sc = trace_like(60000 + seed)
+    sc = trace_like(seed)
     fast = render_json(simulate(sc))
     with plain():
         slow = render_json(simulate(sc))
