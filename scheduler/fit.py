@@ -232,8 +232,20 @@ class ClusterState:
         dc, dm, de, dg = pod.cpu * m, pod.memory * m, pod.eph * m, pod.gpu * m
         by_old: dict[GroupKey, list[int]] = {}
         fg, fc, fm, fe, gt = self.fgpu, self.fcpu, self.fmem, self.feph, self.gtype
-        for i in nodes:
-            by_old.setdefault((fg[i], fc[i], fm[i], fe[i], gt[i]), []).append(i)
+        keys = zip(
+            map(fg.__getitem__, nodes),
+            map(fc.__getitem__, nodes),
+            map(fm.__getitem__, nodes),
+            map(fe.__getitem__, nodes),
+            map(gt.__getitem__, nodes),
+            strict=True,
+        )
+        for i, key in zip(nodes, keys, strict=True):
+            g = by_old.get(key)
+            if g is None:
+                by_old[key] = [i]
+            else:
+                g.append(i)
         groups = self.groups
         for old, ns in by_old.items():
             lst = groups[old]
@@ -242,11 +254,11 @@ class ClusterState:
             else:
                 drop = set(ns)
                 lst[:] = [x for x in lst if x not in drop]
-            for i in ns:
-                fc[i] -= dc
-                fm[i] -= dm
-                fe[i] -= de
-                fg[i] -= dg
+            # Only the dimensions the pod uses move.
+            for d, f in ((dc, fc), (dm, fm), (de, fe), (dg, fg)):
+                if d:
+                    for i in ns:
+                        f[i] -= d
             new = (old[0] - dg, old[1] - dc, old[2] - dm, old[3] - de, old[4])
             g = groups.get(new)
             if g is None:
@@ -264,9 +276,15 @@ class ClusterState:
         k = 0
         n_nodes = len(self.fcpu)
         for pod, n in runs:
+            end = k + n
+            seg = nodes[k:end]
+            if n > 1 and len(set(seg)) == n and min(seg) >= 0 and max(seg) < n_nodes:
+                # One pod per node (the usual gang of whole-node pods): one shift.
+                self._shift(list(seg), pod, sign)
+                k = end
+                continue
             per_m: dict[int, list[int]] = {}
             j = k
-            end = k + n
             while j < end:
                 i = nodes[j]
                 m = 1
