@@ -232,3 +232,27 @@ def test_quota_typed_vs_bare() -> None:
     assert not Quota(gpu=8, gpu_type="H200").exceeded_by(running, a100)
     assert Quota(gpu=8, gpu_type="H200").exceeded_by(running, h200)
     assert not Quota(cpu=1000).exceeded_by(Usage(), Usage.of([Pod(cpu=1000)]))  # <= is fine
+
+
+def _state(c: ClusterState) -> tuple[object, ...]:
+    return (c.fcpu, c.fmem, c.feph, c.fgpu, c.tcpu, c.tmem, c.teph, c.tgpu, c.groups)
+
+
+@pytest.mark.parametrize(
+    "runs",
+    [
+        ((Pod(cpu=2000), 3),),  # one pod per node: given back in one shift
+        ((Pod(cpu=1000), 4),),  # two pods per node
+        ((Pod(cpu=2000, memory=GI), 1), (Pod(cpu=1000), 3)),  # mixed
+    ],
+)
+def test_give_restores_state_and_groups_as_regrouped(runs: tuple[tuple[Pod, int], ...]) -> None:
+    c = cluster(("a", 4, Pod(cpu=2000, memory=4 * GI)))
+    before = _state(c)
+    nodes = c.place(runs)
+    assert nodes is not None
+    mid = c.clone()
+    mid._regroup()
+    assert _state(c) == _state(mid)  # groups as a fresh regroup makes them
+    c.give(runs, nodes)
+    assert _state(c) == before
