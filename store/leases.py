@@ -46,12 +46,14 @@ from sqlalchemy import (
     delete,
     event,
     func,
+    inspect,
     select,
     text,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
 from .models import AdmissionRow, Base, LeaseRow, ShardFlag
@@ -238,7 +240,12 @@ class LeaseStore:
         # is created here.
         for table in Base.metadata.sorted_tables:
             for index in table.indexes:
-                index.create(engine, checkfirst=True)
+                try:
+                    index.create(engine, checkfirst=True)
+                except DBAPIError:
+                    # Another process opening the same database made it in between.
+                    if not inspect(engine).has_index(table.name, str(index.name)):
+                        raise
 
     @property
     def dialect(self) -> str:

@@ -7,6 +7,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from headway.store import DONE_CHANNEL, LeaseStore, queue_channel
@@ -241,3 +242,38 @@ def test_sync_finds_every_queue_with_pending_leases_in_name_order(
     res = store.sync(tenant, "s1", dict.fromkeys(names, 1))
     assert res.more == sorted(names)  # each queue left two behind
     assert sorted({d["queue"] for d in res.leases}) == sorted(names)
+
+
+@pytest.mark.parametrize(
+    "made_by_other",
+    [
+        pytest.param(True, id="another-process-made-it-in-between-open-succeeds"),
+        pytest.param(False, id="a-real-failure-is-raised"),
+    ],
+)
+def test_index_creation_racing_another_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made_by_other: bool
+) -> None:
+    from sqlalchemy import Index
+    from sqlalchemy.exc import OperationalError
+
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    s = LeaseStore(url)
+    with s.engine.begin() as conn:
+        conn.exec_driver_sql("DROP INDEX ix_headway_leases_ended")
+    s.close()
+    real_create = Index.create
+
+    def create(self: Index, bind: Any, checkfirst: bool = False) -> None:
+        if self.name != "ix_headway_leases_ended":
+            return real_create(self, bind, checkfirst=checkfirst)
+        if made_by_other:
+            real_create(self, bind, checkfirst=True)  # the other process's CREATE INDEX
+        raise OperationalError("CREATE INDEX", {}, Exception("index already exists"))
+
+    monkeypatch.setattr(Index, "create", create)
+    if made_by_other:
+        LeaseStore(url).close()
+    else:
+        with pytest.raises(OperationalError):
+            LeaseStore(url)
