@@ -494,13 +494,22 @@ class _Eval:
     blocked: just one with room), or None. ``reason``: the answer. ``acts``: the
     actions of every fit that ended alike (same demand, ``blocked``, ``first`` and
     reason; see ``_group_evals``). ``fkey``: ``first``'s placement order key, once
-    worked out (it stays while ``first``'s capacity does).
+    worked out (it stays while ``first``'s capacity does). ``blind``: made while no
+    reservation stood, so the visit's memo gave its answer to actions of any estimate
+    (``_memo_loop``, ``_walk``): a reservation read now may tell them apart.
     """
 
-    __slots__ = ("a", "acts", "blocked", "dkey", "first", "fkey", "reason", "runs")
+    __slots__ = ("a", "acts", "blind", "blocked", "dkey", "first", "fkey", "reason", "runs")
 
     def __init__(
-        self, a: _Action, dkey: int, runs: Runs, blocked: bool, first: str | None, reason: Reason
+        self,
+        a: _Action,
+        dkey: int,
+        runs: Runs,
+        blocked: bool,
+        first: str | None,
+        reason: Reason,
+        blind: bool,
     ) -> None:
         self.a = a
         self.dkey = dkey
@@ -508,6 +517,7 @@ class _Eval:
         self.blocked = blocked
         self.first = first
         self.reason = reason
+        self.blind = blind
         self.acts = [a]
         self.fkey: tuple[Any, ...] | None = None
 
@@ -531,6 +541,7 @@ def _group_evals(evals: list[_Eval]) -> list[_Eval]:
             out.append(e)
         else:
             g.acts.append(e.a)
+            g.blind = g.blind or e.blind
     return out
 
 
@@ -1354,6 +1365,7 @@ class Scheduler:
                 evals.append(e)
             else:
                 g.acts.append(e.a)
+                g.blind = g.blind or e.blind
         rooms = q.rooms
         new: set[str] = set()
         for dkey, rs in self._vrooms.items():
@@ -1627,6 +1639,10 @@ class Scheduler:
                     return False
                 if name not in holds:
                     upr = resv.get(name)
+                    if e.blind and (upr or name == own_name):
+                        # A reservation the fit did not meet: only its own actions are
+                        # known, not the others of other estimates that shared it.
+                        return False
                     if name == own_name:
                         assert own is not None and head_key is not None
                         # Only the actions after the head meet its reservation.
@@ -2370,10 +2386,10 @@ class Scheduler:
             return None
         if room:
             r = first_block or Reason.HeldForGang
-            self._vevals.append(_Eval(a, dkey, runs, blocked, first, r))
+            self._vevals.append(_Eval(a, dkey, runs, blocked, first, r, not resv))
             self._block(q, a, v)
             return r
-        self._vevals.append(_Eval(a, dkey, runs, blocked, None, Reason.NoClusterCapacity))
+        self._vevals.append(_Eval(a, dkey, runs, blocked, None, Reason.NoClusterCapacity, not resv))
         # Capacity only shrinks within a pass: no cluster of this selector will have room
         # for this demand again in it.
         self._noroom.add(nr_key)

@@ -1004,3 +1004,83 @@ def test_easy_extra_used_up_leaves_the_shared_projection_whole() -> None:
     sub("H2", "q", (two,) * 3, 103.0, 4, 50.0)  # the same reservation, at 200
     sub("Y", "q", (two,), 103.0, 5, 1000.0)  # all of EASY's extra: the last node, whole
     assert [a.action_id for a in s.schedule(103.0)] == ["Y"]
+
+
+# --- what a skipped queue's records did not see --------------------------------------------
+#
+# A queue is skipped if its records still hold. What they did not cover:
+#
+# - a fit made while no reservation stood went, through the visit's memo, to every later
+#   action of its demand whatever its estimate. Where a hold then turns into a
+#   reservation (the holding head can now project that cluster) and capacity changed
+#   there, checking the fit's own actions against it says nothing of the others: a
+#   short one may fit in the window (``_Eval.blind``).
+
+
+@pytest.mark.parametrize(
+    ("driver", "seed"),
+    [
+        pytest.param(
+            "completions",
+            400065,
+            id="a-backfill-head-reserves-where-it-held-and-a-short-member-of-a-class-backfills",
+        ),
+        pytest.param(
+            "completions",
+            400826,
+            id="an-easy-head-reserves-where-it-held-and-a-short-gpu-action-backfills",
+        ),
+    ],
+)
+def test_what_skipped_records_did_not_see_matches_the_plain_loop(driver: str, seed: int) -> None:
+    if driver == "completions":
+        sc = completion_scenario(seed)
+        assert _drive_completions(sc, seed, True) == _drive_completions(sc, seed, False)
+    else:
+        sc = scenario(seed)
+        assert _drive(sc, seed, True) == _drive(sc, seed, False)
+
+
+def test_a_hold_turned_reservation_lets_a_short_action_of_the_class_backfill() -> None:
+    """A greedy queue's two one-node actions, a long and a short one, find room only
+    where heads above hold it: one answer for both. Then the backfill head's hold on x
+    becomes a reservation (the running action without an estimate there ends): the
+    long one is still turned away, but the short one ends before the reservation and
+    starts on x, in the same pass."""
+    shape = Pod(cpu=16_000, memory=64 * GI)
+    clusters = [
+        ClusterSpec("w", (NodeGroup("g", 4, shape),)),
+        ClusterSpec("x", (NodeGroup("g", 3, shape),)),
+    ]
+    queues = [
+        QueueSpec("fill-w", priority=Priority.critical, clusters=("w",)),
+        QueueSpec("fill-x", priority=Priority.critical, clusters=("x",)),
+        QueueSpec("s", priority=Priority.high, algorithm=Algorithm.strict, clusters=("w",)),
+        QueueSpec("u", priority=Priority.high, algorithm=Algorithm.backfill, clusters=("x",)),
+        QueueSpec("q", priority=Priority.medium, algorithm=Algorithm.greedy),
+    ]
+    fills = [("FW", "fill-w", None), ("F0", "fill-x", None), ("F1", "fill-x", 100.0)]
+    later = [
+        ("G", "s", replicas_demand(shape, 4), 10.0),  # never fits beside FW: holds w
+        ("H", "u", replicas_demand(shape, 3), 10.0),  # holds x while F0 runs, then reserves
+        ("L", "q", (shape,), 1000.0),
+        ("S", "q", (shape,), 10.0),
+    ]
+    got = []
+    for incremental in (True, False):
+        s = Scheduler(clusters, queues, incremental=incremental)
+        for i, (aid, q, est) in enumerate(fills):
+            s.submit(ActionSpec(aid, q, (shape,), submit=0.0, seq=i, estimate=est), 0.0)
+        log: list[Any] = [s.schedule(0.0)]
+        for i, (aid, q, pods, est) in enumerate(later):
+            s.submit(ActionSpec(aid, q, pods, submit=1.0, seq=10 + i, estimate=est), 1.0)
+        log.append(s.schedule(1.0))  # L and S: held on w (first in order) and on x
+        log.append(_why(s))
+        s.finish("F0", 2.0)
+        log.append(s.schedule(2.0))  # H reserves x at 100: S ends by then
+        log.append(_why(s))
+        got.append(log)
+    assert got[0] == got[1]
+    assert got[0][1] == []
+    assert [a.action_id for a in got[0][3]] == ["S"]
+    assert {i: r for i, r, _ in got[0][4]}["L"] == "HeldForGang"
