@@ -1512,6 +1512,10 @@ class Scheduler:
     def _views_same(self, q: _Queue, changed: set[str] | frozenset[str]) -> bool:
         """Do the holds and reservations at the clusters where ``q``'s last visit found
         room (outside ``changed``) look as they did then?"""
+        if q.fragile:
+            # An action of a running environment reads the holds and reservations of
+            # the environment's cluster, room or not: they are not among the views.
+            return False
         holds, resv = self._holds, self._resv
         for name, view in q.views.items():
             # ``_view``'s common answers inlined: most clusters are held, or bare.

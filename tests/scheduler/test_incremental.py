@@ -1008,13 +1008,17 @@ def test_easy_extra_used_up_leaves_the_shared_projection_whole() -> None:
 
 # --- what a skipped queue's records did not see --------------------------------------------
 #
-# A queue is skipped if its records still hold. What they did not cover:
+# A queue is skipped if its records still hold. Two things they did not cover:
 #
 # - a fit made while no reservation stood went, through the visit's memo, to every later
 #   action of its demand whatever its estimate. Where a hold then turns into a
 #   reservation (the holding head can now project that cluster) and capacity changed
 #   there, checking the fit's own actions against it says nothing of the others: a
-#   short one may fit in the window (``_Eval.blind``).
+#   short one may fit in the window (``_Eval.blind``);
+# - an action of a running environment reads the hold or reservation on the
+#   environment's cluster whether it has room or not, so the views kept of the clusters
+#   with room do not vouch for it: such a queue is skipped only under the upstream of
+#   its last visit.
 
 
 @pytest.mark.parametrize(
@@ -1030,6 +1034,8 @@ def test_easy_extra_used_up_leaves_the_shared_projection_whole() -> None:
             400826,
             id="an-easy-head-reserves-where-it-held-and-a-short-gpu-action-backfills",
         ),
+        pytest.param("driven", 100268, id="an-environment-queue-moves-ahead-of-the-strict-hold"),
+        pytest.param("driven", 100039, id="an-environment-action-meets-a-new-hold-before-busy"),
     ],
 )
 def test_what_skipped_records_did_not_see_matches_the_plain_loop(driver: str, seed: int) -> None:
@@ -1084,3 +1090,32 @@ def test_a_hold_turned_reservation_lets_a_short_action_of_the_class_backfill() -
     assert got[0][1] == []
     assert [a.action_id for a in got[0][3]] == ["S"]
     assert {i: r for i, r, _ in got[0][4]}["L"] == "HeldForGang"
+
+
+def test_a_hold_gone_from_an_environments_cluster_lets_its_action_start() -> None:
+    """An action of a running environment is held by a strict head above on the
+    environment's cluster; the head is cancelled, nothing else changes: the action
+    starts in that pass, although its queue found room nowhere (nothing it recorded
+    looks at that cluster)."""
+    shape = Pod(cpu=16_000, memory=64 * GI)
+    clusters = [ClusterSpec("x", (NodeGroup("g", 2, shape),))]
+    queues = [
+        QueueSpec("s", priority=Priority.high, algorithm=Algorithm.strict),
+        QueueSpec("e", priority=Priority.medium, algorithm=Algorithm.greedy),
+    ]
+    envs = [EnvironmentSpec("env", Pod(cpu=4000, memory=8 * GI), concurrency=2)]
+    got = []
+    for incremental in (True, False):
+        s = Scheduler(clusters, queues, OrgLimits(), envs, incremental=incremental)
+        s.submit(ActionSpec("E1", "e", (), submit=0.0, seq=0, environment="env"), 0.0)
+        log: list[Any] = [s.schedule(0.0)]
+        s.submit(ActionSpec("G", "s", replicas_demand(shape, 2), submit=1.0, seq=1), 1.0)
+        s.submit(ActionSpec("E2", "e", (), submit=1.0, seq=2, environment="env"), 1.0)
+        log.append(s.schedule(1.0))  # G blocks and holds x; E2: HeldForGang
+        log.append(_why(s))
+        s.cancel("G", 2.0)
+        log.append(s.schedule(2.0))
+        log.append(_why(s))
+        got.append(log)
+    assert got[0] == got[1]
+    assert [a.action_id for a in got[0][3]] == ["E2"]
