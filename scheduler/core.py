@@ -531,8 +531,13 @@ def _group_evals(evals: list[_Eval]) -> list[_Eval]:
     """
     if len(evals) < 2:
         return evals
-    seen: dict[tuple[Any, ...], _Eval] = {}
     out: list[_Eval] = []
+    _merge_evals({}, out, evals)
+    return out
+
+
+def _merge_evals(seen: dict[tuple[Any, ...], _Eval], out: list[_Eval], evals: list[_Eval]) -> None:
+    """Add ``evals`` to the groups in ``seen`` (new groups are appended to ``out``)."""
     for e in evals:
         k = (e.dkey, e.blocked, e.first, e.reason)
         g = seen.get(k)
@@ -542,7 +547,6 @@ def _group_evals(evals: list[_Eval]) -> list[_Eval]:
         else:
             g.acts.append(e.a)
             g.blind = g.blind or e.blind
-    return out
 
 
 class _ResvRecord:
@@ -1357,15 +1361,7 @@ class Scheduler:
         seen: dict[tuple[Any, ...], _Eval] = {}
         for e in evals:
             seen.setdefault((e.dkey, e.blocked, e.first, e.reason), e)
-        for e in self._vevals:
-            key = (e.dkey, e.blocked, e.first, e.reason)
-            g = seen.get(key)
-            if g is None:
-                seen[key] = e
-                evals.append(e)
-            else:
-                g.acts.append(e.a)
-                g.blind = g.blind or e.blind
+        _merge_evals(seen, evals, self._vevals)
         rooms = q.rooms
         new: set[str] = set()
         for dkey, rs in self._vrooms.items():

@@ -916,11 +916,12 @@ def test_trace_like_runs_match_the_plain_loop(seed: int) -> None:
     assert fast == slow
 
 
-def test_a_completion_past_the_reservation_gives_easy_more_room() -> None:
-    """An EASY head's reservation at 100 stands after work expected to end at 500
-    ends early (before then the head still cannot fit), but what that work held is
-    now free at 100 too: EASY's extra grows, and an action that did not fit in it
-    now does. The projection must not be carried over from before the completion."""
+def _easy_after_a_completion(
+    fills: list[tuple[str, int, float]], head_nodes: int, ends: str
+) -> list[tuple[list[Any], int]]:
+    """Fill work on 8 one-CPU nodes, an EASY head H of ``head_nodes`` nodes and a long
+    one-node X behind it, then ``ends`` finishes at 10: per side (incremental, plain),
+    the decisions and reasons of each pass, and the skipped visits."""
     node = Pod(cpu=1000)
     clusters = [ClusterSpec("c", (NodeGroup("n", 8, node),))]
     queues = [
@@ -930,47 +931,36 @@ def test_a_completion_past_the_reservation_gives_easy_more_room() -> None:
     got = []
     for incremental in (True, False):
         s = Scheduler(clusters, queues, incremental=incremental)
-        fills = [("A", 3, 100.0), ("D", 1, 500.0), ("E", 3, 1000.0)]
         for i, (aid, k, est) in enumerate(fills):
             s.submit(ActionSpec(aid, "fill", (node,) * k, submit=0.0, seq=i, estimate=est), 0.0)
         log: list[Any] = [s.schedule(0.0)]
-        s.submit(ActionSpec("H", "q", (node,) * 4, submit=1.0, seq=10, estimate=50.0), 1.0)
+        s.submit(ActionSpec("H", "q", (node,) * head_nodes, submit=1.0, seq=10, estimate=50.0), 1.0)
         s.submit(ActionSpec("X", "q", (node,), submit=1.0, seq=11, estimate=1000.0), 1.0)
         log.append(s.schedule(1.0))
         log.append(_why(s))
-        s.finish("D", 10.0)
+        s.finish(ends, 10.0)
         log.append(s.schedule(10.0))
         log.append(_why(s))
-        got.append(log)
-    assert got[0] == got[1]
-    assert [a.action_id for a in got[0][3]] == ["X"]
+        got.append((log, s.skipped_visits))
+    return got
+
+
+def test_a_completion_past_the_reservation_gives_easy_more_room() -> None:
+    """An EASY head's reservation at 100 stands after work expected to end at 500
+    ends early (before then the head still cannot fit), but what that work held is
+    now free at 100 too: EASY's extra grows, and an action that did not fit in it
+    now does. The projection must not be carried over from before the completion."""
+    got = _easy_after_a_completion([("A", 3, 100.0), ("D", 1, 500.0), ("E", 3, 1000.0)], 4, "D")
+    assert got[0][0] == got[1][0]
+    assert [a.action_id for a in got[0][0][3]] == ["X"]
 
 
 def test_an_early_completion_before_the_reservation_keeps_it() -> None:
     """Work expected to end before an EASY head's reservation ends early, and the
     head still fits no sooner: the reservation and EASY's extra stay as they were,
     and what was turned away still is (with the plain loop's reasons)."""
-    node = Pod(cpu=1000)
-    clusters = [ClusterSpec("c", (NodeGroup("n", 8, node),))]
-    queues = [
-        QueueSpec("fill", priority=Priority.critical),
-        QueueSpec("q", algorithm=Algorithm.easy),
-    ]
-    got = []
-    for incremental in (True, False):
-        s = Scheduler(clusters, queues, incremental=incremental)
-        fills = [("A", 2, 50.0), ("B", 3, 100.0), ("E", 2, 1000.0)]
-        for i, (aid, k, est) in enumerate(fills):
-            s.submit(ActionSpec(aid, "fill", (node,) * k, submit=0.0, seq=i, estimate=est), 0.0)
-        log: list[Any] = [s.schedule(0.0)]
-        s.submit(ActionSpec("H", "q", (node,) * 6, submit=1.0, seq=10, estimate=50.0), 1.0)
-        s.submit(ActionSpec("X", "q", (node,), submit=1.0, seq=11, estimate=1000.0), 1.0)
-        log.append(s.schedule(1.0))
-        log.append(_why(s))
-        s.finish("A", 10.0)  # 3 free now, 6 only at 100
-        log.append(s.schedule(10.0))
-        log.append(_why(s))
-        got.append((log, s.skipped_visits))
+    # A's end frees 3 nodes now; the head's 6 are free only at 100.
+    got = _easy_after_a_completion([("A", 2, 50.0), ("B", 3, 100.0), ("E", 2, 1000.0)], 6, "A")
     assert got[0][0] == got[1][0]
     assert got[0][0][3] == []
     assert got[0][1] > 0
