@@ -1223,13 +1223,7 @@ class Scheduler:
             q.last_sig = sig
             q.last_hist = self._hist_epoch
             q.cap_pos = self._cap_base + len(self._cap_log)
-            self._horizon = _INF
-            self._vhz = {}
-            self._vevals = []
-            self._vrooms = {}
-            self._vhist = self._vfragile = False
-            self._vholds = []
-            self._vresv = None
+            self._start_visit_records()
             n = self._visit(q, now, out)
             q.horizon = self._horizon
             q.hz = self._vhz
@@ -1302,13 +1296,7 @@ class Scheduler:
             # Only a strict queue's block or a reserving queue's reservation names it.
             v.blocked = v.strict
             v.reserved = v.reserving
-        self._horizon = _INF
-        self._vhz = {}
-        self._vevals = []
-        self._vrooms = {}
-        self._vhist = self._vfragile = False
-        self._vholds = []
-        self._vresv = None
+        self._start_visit_records()
         w = q.waiting
         tail = w[len(w) - k :]
         started = 0
@@ -2048,6 +2036,16 @@ class Scheduler:
         ):
             return Reason.OrgConcurrentRuns
         return None
+
+    def _start_visit_records(self) -> None:
+        """Empty what a visit records for the next pass (see ``_visit`` and its callers)."""
+        self._horizon = _INF
+        self._vhz = {}
+        self._vevals = []
+        self._vrooms = {}
+        self._vhist = self._vfragile = False
+        self._vholds = []
+        self._vresv = None
 
     def _visit(self, q: _Queue, now: float, out: list[Admitted]) -> int:
         """Phases 3-5 for one queue: gates, fit, admit or record why not."""
