@@ -62,6 +62,8 @@ __all__ = ["DEFAULT_DATABASE_URL", "DONE_CHANNEL", "LeaseStore", "SyncResult", "
 
 DEFAULT_DATABASE_URL = "sqlite:///.headway/headway.db"
 DONE_CHANNEL = "done"
+#: The ends a lease is marked with (``done``); a rejected lease is deleted instead.
+_MARKED_ENDS = ("finished", "cancelled")
 
 
 def queue_channel(queue: str) -> str:
@@ -151,7 +153,7 @@ class _Prepared:
                 # lease is deleted, never marked), and done_claim IS NULL through a
                 # function, or "tenant and done_claim IS NULL", true of every pending
                 # lease, looks the better index.
-                & leases.c.done.in_(["finished", "cancelled"])
+                & leases.c.done.in_(_MARKED_ENDS)
                 & (func.coalesce(leases.c.done_claim, "") == "")
                 & (leases.c.status == "claimed")
             )
@@ -642,7 +644,7 @@ class LeaseStore:
 
 
 def _check_kind(kind: str) -> None:
-    if kind not in ("finished", "cancelled", "rejected"):
+    if kind not in (*_MARKED_ENDS, "rejected"):
         raise ValueError(f"kind: {kind!r} is not one of finished, cancelled, rejected")
 
 
