@@ -15,7 +15,7 @@ All sides run on one dev server this script starts, in 100 concurrent workflows 
 rounds alternate bare / bare eager / headway after a warm-up round. Prints one JSON line
 last (see ``/work/shared/specs/benchmarks.md``).
 
-    python bench/e2e_throughput.py [--n 300] [--rounds 3]
+    python bench/e2e_throughput.py [--n 300] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def per_item(a: tuple[float, float], b: tuple[float, float], n: int) -> tuple[fl
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     from _bare import BareWorkflow, noop
     from _common import (  # type: ignore[import-not-found]
