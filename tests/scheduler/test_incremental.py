@@ -196,6 +196,13 @@ def test_simulate_matches_the_plain_loop(seed: int) -> None:
     assert fast == slow
 
 
+def _restored(s: Scheduler, incremental: bool) -> Scheduler:
+    """``s`` through a snapshot round trip (as a continue-as-new), in the same mode."""
+    r = Scheduler.from_snapshot(s.to_snapshot())
+    r.incremental = incremental
+    return r
+
+
 def _why(s: Scheduler) -> list[tuple[str, str | None, tuple[str, ...]]]:
     """Every action's current reason and reason history, in a comparable form."""
     return sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())
@@ -253,8 +260,7 @@ def _drive(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
             if victim in running:
                 running.remove(victim)
         if k == len(work) // 2:
-            s = Scheduler.from_snapshot(s.to_snapshot())
-            s.incremental = incremental
+            s = _restored(s, incremental)
         if rng.random() < 0.5:
             now += 1
             _pass(s, now, running, log, why=True)
@@ -389,8 +395,7 @@ def _drive_completions(sc: Scenario, seed: int, incremental: bool) -> list[Any]:
         elif r < 0.09:
             s.set_cluster_health(rng.choice(names), True)
         if step == 150:
-            s = Scheduler.from_snapshot(s.to_snapshot())
-            s.incremental = incremental
+            s = _restored(s, incremental)
         s.finish(running.pop(rng.randrange(len(running))), now, record=rng.random() < 0.8)
         _pass(s, now, running, log, why=True)
     return log
@@ -514,8 +519,7 @@ def _drive_full_fleet(seed: int, incremental: bool) -> list[Any]:
         if rng.random() < 0.1:
             s.invalidate()
         if step == 60:
-            s = Scheduler.from_snapshot(s.to_snapshot())
-            s.incremental = incremental
+            s = _restored(s, incremental)
         _pass(s, now, running, log, why=True)
     return log
 
@@ -565,8 +569,7 @@ def _drive_late_reads(seed: int, incremental: bool) -> list[Any]:
         if rng.random() < 0.1:
             log.append(("stats", s.queue_stats()))
         if step == 50:
-            s = Scheduler.from_snapshot(s.to_snapshot())
-            s.incremental = incremental
+            s = _restored(s, incremental)
     log.append(("why", _why(s)))
     return log
 
@@ -682,8 +685,7 @@ def _drive_expiring(seed: int, incremental: bool) -> tuple[list[Any], int]:
         elif running and r < 0.4:
             s.finish(running.pop(rng.randrange(len(running))), now, record=rng.random() < 0.5)
         if step == 40:
-            s = Scheduler.from_snapshot(s.to_snapshot())
-            s.incremental = incremental
+            s = _restored(s, incremental)
         _pass(s, now, running, log, why=rng.random() < 0.5)
     log.append(("why", _why(s)))
     return log, s.skipped_visits
@@ -782,8 +784,7 @@ def _drive_arrivals(seed: int, incremental: bool) -> tuple[list[Any], int]:
         elif running and r < 0.9:
             s.finish(running.pop(rng.randrange(len(running))), now, record=rng.random() < 0.6)
         if step == 50:
-            s = Scheduler.from_snapshot(s.to_snapshot())
-            s.incremental = incremental
+            s = _restored(s, incremental)
         _pass(s, now, running, log, why=rng.random() < 0.5)
     log.append(("why", _why(s)))
     return log, s.tail_visits
