@@ -20,7 +20,6 @@ from headway.workflows.action import ActionWorkflow
 from headway.workflows.scheduler import SchedulerWorkflow
 from temporalio.client import Client
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 __all__ = [
     "WORKER_TUNING",
@@ -64,17 +63,11 @@ def build_control_plane_worker(
     # them so the scheduler's own tasks always find one.
     waiters = AdmissionWaiters(limit=WORKER_TUNING["max_concurrent_workflow_tasks"] // 2)
     store_acts = StoreActivities(store, client, fleet, waiters)
-    # Headway's modules hold no mutable module state, so the sandbox may share them
-    # instead of re-importing them for every new workflow run (thousands per second).
-    runner = SandboxedWorkflowRunner(
-        restrictions=SandboxRestrictions.default.with_passthrough_modules("headway")
-    )
     dispatch = DispatchActivities(client, store=store, waiters=waiters)
     return Worker(
         client,
         task_queue=task_queue,
         workflows=[ActionWorkflow, SchedulerWorkflow],
-        workflow_runner=runner,
         activities=[
             store_acts.put_lease,
             store_acts.put_lease_wait,
