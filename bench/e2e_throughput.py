@@ -11,6 +11,9 @@ no activity poll; measured here at ~10 ms less CPU per workflow). Headway cannot
 that shortcut (cluster workers are other processes, on other task queues), so it is not
 the like-for-like baseline; ``ratio_vs_eager`` reports it anyway.
 
+The SDK fast path (``headway.worker.sdk_fastpath``: no payload walks without a codec)
+is process-wide: every side runs with it, bare included (``sdk_fastpath`` in the JSON).
+
 All sides run on one dev server this script starts, in 100 concurrent workflows each;
 rounds alternate bare / bare eager / headway after a warm-up round. Prints one JSON line
 last (see ``/work/shared/specs/benchmarks.md``).
@@ -37,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headway import protocol
 from headway.protocol import DemandRequest, SubmitRequest
 from headway.store import LeaseStore
+from headway.worker import sdk_fastpath
 from headway.worker.control_plane import WORKER_TUNING, build_control_plane_worker
 from headway.workflows import client as hw
 from temporalio.client import Client
@@ -118,6 +122,9 @@ async def main() -> None:
         summary,
     )
 
+    # Before any worker exists, so every side runs alike (building Headway's worker
+    # would install it anyway, for the whole process).
+    fastpath = sdk_fastpath.install()
     env = await start_server()
     meter = CpuMeter()
     client = env.client
@@ -213,6 +220,7 @@ async def main() -> None:
                     )
                 },
                 "clusters": 1,
+                "sdk_fastpath": fastpath,
                 "scheduler": {k: stats[k] for k in ("passes", "syncs", "dispatches", "admitted")},
             }
         )

@@ -16,6 +16,7 @@ from headway.activities.dispatch import DispatchActivities
 from headway.activities.store import AdmissionWaiters, StoreActivities
 from headway.scheduler.model import ClusterSpec
 from headway.store import LeaseStore
+from headway.worker import sdk_fastpath
 from headway.workflows.action import ActionWorkflow
 from headway.workflows.scheduler import SchedulerWorkflow
 from temporalio.client import Client
@@ -58,7 +59,10 @@ def build_control_plane_worker(
         store: the lease store.
         fleet: clusters known up front; passed to a scheduler workflow when one starts.
         task_queue: override for tests.
+
+    Building one installs :mod:`headway.worker.sdk_fastpath` for the process.
     """
+    sdk_fastpath.install()
     # Waiters hold a workflow task slot while they wait: keep at most half the slots for
     # them so the scheduler's own tasks always find one.
     waiters = AdmissionWaiters(limit=WORKER_TUNING["max_concurrent_workflow_tasks"] // 2)
