@@ -699,7 +699,11 @@ class Scheduler:
         # every change to a cluster is logged (``_touch``), so while the log stands
         # still they hold, from pass to pass.
         self._orders: dict[Any, tuple[int, list[ClusterState]]] = {}
-        self._cands: dict[tuple[Any, int], tuple[int, list[ClusterState]]] = {}
+        self._cands: dict[tuple[Any, int], tuple[int, list[ClusterState], frozenset[str]]] = {}
+        # Per (selector, demand): ``_unheld``'s answer for a ``_cands`` list, within a pass.
+        self._unheld_cache: dict[
+            tuple[Any, int], tuple[list[ClusterState], int, list[ClusterState]]
+        ] = {}
         self._fit_cache: dict[tuple[int, int, bool], tuple[Any, ...]] = {}
         # Per (cluster, demand, EASY): the demand placed on the cluster emptied, with
         # the node list it was made for (see ``_empty_fit``).
@@ -1121,6 +1125,7 @@ class Scheduler:
         self._resv = {}
         self._infeasible = set()
         self._noroom = set()
+        self._unheld_cache = {}
         self._chg_cache = {}
         self._dr_cache = {}
         self._exp_cache = {}
@@ -2297,6 +2302,7 @@ class Scheduler:
         feasible = self._feasible
         nr_key = (q.spec.clusters, dkey)
         checked = False  # every cluster of ``order`` is known to have room
+        names = _NO_CHANGE  # then: their names
         if nr_key in self._noroom:
             order = []
         elif pref is not None:
@@ -2308,12 +2314,12 @@ class Scheduler:
             # and admission, so that walks need not ask each cluster again.
             cap_end = self._cap_base + len(self._cap_log)
             hit = self._cands.get(nr_key)
-            if hit is not None and hit[0] == cap_end:
-                order = hit[1]
-            else:
+            if hit is None or hit[0] != cap_end:
                 base = self._base_order(q.spec.clusters, v.elig)
                 order = [c for c in base if self._room(c, dkey, runs)]
-                self._cands[nr_key] = (cap_end, order)
+                hit = self._cands[nr_key] = (cap_end, order, frozenset(c.name for c in order))
+            order = hit[1]
+            names = hit[2]
             checked = True
         else:
             if v.order is None or v.order_ver != self._admissions:
@@ -2324,6 +2330,31 @@ class Scheduler:
         first_block: Reason | None = None
         chosen: ClusterState | None = None
         extras: list[_Reservation] = []
+        if checked:
+            # The plain walk below, with what it would skip left out: every cluster of
+            # ``order`` has room, and a held one turns the action away before anything
+            # else is read there, so only the unheld ones are walked. Nothing chosen:
+            # the walk read them all, and the first gave the reason.
+            if order:
+                room = True
+                first = order[0].name
+                if not blocked:
+                    for c in self._unheld(nr_key, order):
+                        rs = resv.get(c.name)
+                        if rs:
+                            need = self._allowed(a, now, rs, runs, c)
+                            if need is None:
+                                continue
+                            extras = need
+                        chosen = c
+                        break
+                    else:
+                        if rooms is not None:
+                            rooms.update(names)
+                        first_block = (
+                            Reason.HeldForGang if first in holds else Reason.BackfillWindow
+                        )
+            order = []
         for c in order:
             if c.known and not checked:
                 ik = (c.index, dkey)
@@ -2404,6 +2435,18 @@ class Scheduler:
                 a, runs, dkey, q.spec.clusters, v.elig, now, q.spec.algorithm is Algorithm.easy
             )
         return Reason.NoClusterCapacity
+
+    def _unheld(self, nr_key: tuple[Any, int], order: list[ClusterState]) -> list[ClusterState]:
+        """The clusters of ``order`` (a ``_cands`` list) that no hold of this pass
+        names, in order. Holds only come within a pass: their count dates the answer."""
+        n = len(self._holds)
+        hit = self._unheld_cache.get(nr_key)
+        if hit is not None and hit[0] is order and hit[1] == n:
+            return hit[2]
+        holds = self._holds
+        out = [c for c in order if c.name not in holds] if n else order
+        self._unheld_cache[nr_key] = (order, n, out)
+        return out
 
     def _admit(
         self,

@@ -1,0 +1,242 @@
+"""Differential tests for the shortcuts a fleet-sized pass takes (``bench/core_pass.py``).
+
+A walk over the clusters with room for a demand skips the ones a hold of this pass
+names (``Scheduler._unheld``); the placement order and the clusters with room for each
+demand are carried from one capacity to the next by re-placing only the clusters that
+changed. Each must decide exactly as the plain loop (``Scheduler(incremental=False)``):
+same admissions, same clusters and nodes, same reasons.
+
+The narrative table sets up holds and reservations in a known order of clusters; the
+seeded runs are a small copy of the benchmark's fleet (many clusters and selectors, a
+full fleet, strict heads holding, reserving heads, completions one by one and in
+bursts, arrivals, forced full passes and a snapshot round trip).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from headway.scheduler import (
+    ActionSpec,
+    Algorithm,
+    ClusterSpec,
+    NodeGroup,
+    Priority,
+    QueueSpec,
+    Scheduler,
+)
+from headway.scheduler.model import replicas_demand
+from headway.scheduler.resources import Pod
+
+GI = 2**30
+NODE = Pod(cpu=16_000, memory=64 * GI)
+ALGOS = [Algorithm.strict, Algorithm.greedy, Algorithm.backfill, Algorithm.easy]
+
+
+def _why(s: Scheduler) -> list[tuple[str, str | None, tuple[str, ...]]]:
+    return sorted((a.id, a.last, tuple(a.reasons)) for a in s.actions.values())
+
+
+# --- the walk past held clusters ---------------------------------------------------
+#
+# Clusters a and b, two nodes each, one node of each taken by a filler (ending at 1000 on
+# a, at 100 on b). A strict queue's gang of two nodes blocks and holds the clusters it is
+# pinned to; a backfill queue's gang reserves its cluster (b: the filler there ends
+# first). A greedy queue's one-node actions then walk a then b (equal free capacity: by
+# name): held or reserved, a short action backfills past a reservation, a long one does
+# not; the first cluster in the walk gives the reason. Then the strict head is cancelled.
+
+WALK_CASES = [
+    pytest.param(("a", "b"), None, {"L": ["HeldForGang"], "S": ["HeldForGang"]}, [], ["L", "S"],
+                 id="every-cluster-with-room-held-the-first-gives-HeldForGang"),
+    pytest.param(("a",), ("b",), {"L": ["HeldForGang"], "S": []}, ["S"], ["L"],
+                 id="held-first-then-reserved-a-short-action-backfills-on-the-second"),
+    pytest.param(("b",), ("a",), {"L": ["BackfillWindow", "HeldForGang"], "S": []}, ["S"], ["L"],
+                 id="reserved-first-then-held-the-reservation-gives-the-reason"),
+    pytest.param(("a",), None, {"L": [], "S": ["HeldForGang"]}, ["L"], ["S"],
+                 id="held-first-then-open-the-first-action-starts-on-the-second"),
+    pytest.param(None, ("b",), {"L": [], "S": []}, ["L", "S"], [],
+                 id="no-hold-the-open-cluster-and-the-backfill-take-both"),
+]  # fmt: skip
+
+
+def _walk_run(
+    strict_on: tuple[str, ...] | None, backfill_on: tuple[str, ...] | None, incremental: bool
+) -> list[Any]:
+    clusters = [ClusterSpec(n, (NodeGroup("g", 2, NODE),)) for n in ("a", "b")]
+    queues = [
+        QueueSpec("fill-a", priority=Priority.critical, clusters=("a",)),
+        QueueSpec("fill-b", priority=Priority.critical, clusters=("b",)),
+        QueueSpec("g", priority=Priority.medium, algorithm=Algorithm.greedy),
+    ]
+    if strict_on is not None:
+        queues.append(
+            QueueSpec("s", priority=Priority.high, algorithm=Algorithm.strict, clusters=strict_on)
+        )
+    if backfill_on is not None:
+        queues.append(
+            QueueSpec(
+                "u", priority=Priority.high, algorithm=Algorithm.backfill, clusters=backfill_on
+            )
+        )
+    s = Scheduler(clusters, queues, incremental=incremental)
+    s.submit(ActionSpec("FA", "fill-a", (NODE,), submit=0.0, seq=0, estimate=1000.0), 0.0)
+    s.submit(ActionSpec("FB", "fill-b", (NODE,), submit=0.0, seq=1, estimate=100.0), 0.0)
+    log: list[Any] = [s.schedule(0.0)]
+    seq = 10
+    if strict_on is not None:
+        s.submit(ActionSpec("G", "s", replicas_demand(NODE, 2), submit=1.0, seq=seq), 1.0)
+        seq += 1
+    if backfill_on is not None:
+        s.submit(
+            ActionSpec("H", "u", replicas_demand(NODE, 2), submit=1.0, seq=seq, estimate=10.0),
+            1.0,
+        )
+        seq += 1
+    s.submit(ActionSpec("L", "g", (NODE,), submit=2.0, seq=seq, estimate=1000.0), 2.0)
+    s.submit(ActionSpec("S", "g", (NODE,), submit=2.0, seq=seq + 1, estimate=10.0), 2.0)
+    log.append(s.schedule(2.0))
+    log.append(_why(s))
+    if strict_on is not None:
+        s.cancel("G", 3.0)
+    log.append(s.schedule(3.0))
+    log.append(_why(s))
+    return log
+
+
+@pytest.mark.parametrize(("strict_on", "backfill_on", "reasons", "first", "then"), WALK_CASES)
+def test_the_walk_past_held_clusters_matches_the_plain_loop(
+    strict_on: tuple[str, ...] | None,
+    backfill_on: tuple[str, ...] | None,
+    reasons: dict[str, list[str]],
+    first: list[str],
+    then: list[str],
+) -> None:
+    fast = _walk_run(strict_on, backfill_on, True)
+    assert fast == _walk_run(strict_on, backfill_on, False)
+    got = {i: [str(r) for r in rs] for i, _, rs in fast[2]}
+    assert {k: got[k] for k in reasons} == reasons
+    assert sorted(a.action_id for a in fast[1]) == first
+    assert sorted(a.action_id for a in fast[3]) == then
+
+
+# --- a small copy of the benchmark's fleet -------------------------------------------
+
+
+SHAPES = [
+    Pod(cpu=32_000, memory=128 * GI),
+    Pod(cpu=96_000, memory=1024 * GI, gpu=8, gpu_type="H100"),
+    Pod(cpu=64_000, memory=1024 * GI),
+]
+DEMANDS: list[tuple[Pod, ...]] = [
+    (Pod(cpu=2_000, memory=8 * GI),),
+    (Pod(cpu=8_000, memory=64 * GI, gpu=1, gpu_type="H100"),),
+    replicas_demand(Pod(cpu=32_000, memory=256 * GI, gpu=8, gpu_type="H100"), 2),
+    (Pod(cpu=16_000, memory=512 * GI),),
+    (Pod(cpu=30_000, memory=100 * GI),),
+]
+
+
+def _fleet(seed: int) -> tuple[list[ClusterSpec], list[QueueSpec], list[ActionSpec]]:
+    rng = random.Random(seed)
+    n_cl = rng.randint(4, 9)
+    names = [f"c{i}" for i in range(n_cl)]
+    clusters = [
+        ClusterSpec(
+            n, tuple(NodeGroup(f"g{j}", rng.randint(1, 2), s) for j, s in enumerate(SHAPES))
+        )
+        for n in names
+    ]
+    queues: list[QueueSpec] = []
+    actions: list[ActionSpec] = []
+    seq = 0
+    for c in clusters:
+        # A pinned filler per cluster takes every node, largest shapes first.
+        qn = f"fill-{c.name}"
+        queues.append(
+            QueueSpec(
+                qn, priority=Priority.critical, algorithm=Algorithm.greedy, clusters=(c.name,)
+            )
+        )
+        for g in sorted(c.node_groups, key=lambda g: (-g.shape.gpu, -g.shape.memory)):
+            for _ in range(g.count):
+                seq += 1
+                est = rng.choice([None, 20.0, 200.0, 2000.0]) if rng.random() < 0.5 else 2000.0
+                actions.append(
+                    ActionSpec(f"f{seq}", qn, (g.shape,), submit=0.0, seq=seq, estimate=est)
+                )
+    for k in range(rng.randint(6, 12)):
+        sel = None
+        if rng.random() < 0.4:
+            sel = tuple(sorted(rng.sample(names, rng.randint(1, n_cl))))
+        queues.append(
+            QueueSpec(
+                f"q{k:02d}",
+                priority=Priority(rng.randint(0, 4)),
+                algorithm=ALGOS[k % 4] if k < 4 else rng.choice(ALGOS),
+                action_concurrency=rng.choice([None, None, 3]),
+                clusters=sel,
+            )
+        )
+    for _ in range(rng.randint(40, 120)):
+        seq += 1
+        actions.append(_pending(rng, seq, len(queues) - n_cl, 0.0))
+    return clusters, queues, actions
+
+
+def _pending(rng: random.Random, seq: int, n_q: int, now: float) -> ActionSpec:
+    return ActionSpec(
+        f"a{seq}",
+        f"q{rng.randrange(n_q):02d}",
+        rng.choice(DEMANDS),
+        run=f"r{rng.randint(0, 5)}",
+        task=f"t{rng.randint(0, 3)}",
+        submit=now,
+        seq=seq,
+        estimate=rng.choice([None, 10.0, 60.0, 600.0, 3600.0]),
+    )
+
+
+def _drive_fleet(seed: int, incremental: bool) -> list[Any]:
+    clusters, queues, actions = _fleet(seed)
+    rng = random.Random(seed * 7 + 1)
+    s = Scheduler(clusters, queues, incremental=incremental)
+    log: list[Any] = []
+    for a in actions:
+        log.append(("submit", a.id, s.submit(a, 0.0)))
+    running = [a.action_id for a in s.schedule(0.0)]
+    log.append(("why", _why(s)))
+    now = 0.0
+    seq = 10_000
+    n_q = len(queues) - len(clusters)
+    for step in range(100):
+        now += rng.choice([0.0, 1.0, 5.0, 30.0, 300.0])
+        roll = rng.random()
+        if roll < 0.5 and running:
+            s.finish(running.pop(rng.randrange(len(running))), now, record=rng.random() < 0.8)
+        elif roll < 0.65:
+            for _ in range(rng.randint(2, 8)):
+                if running:
+                    s.finish(running.pop(rng.randrange(len(running))), now)
+        elif roll < 0.9:
+            seq += 1
+            log.append(("submit", seq, s.submit(_pending(rng, seq, n_q, now), now)))
+        else:
+            s.invalidate()
+        if step == 50:
+            s = Scheduler.from_snapshot(s.to_snapshot())
+            s.incremental = incremental
+        adm = s.schedule(now)
+        running.extend(a.action_id for a in adm)
+        log.append(("adm", now, adm))
+        if step % 5 == 0 or adm:
+            log.append(("why", _why(s)))
+    log.append(("why", _why(s)))
+    return log
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_a_small_benchmark_fleet_matches_the_plain_loop(seed: int) -> None:
+    assert _drive_fleet(700000 + seed, True) == _drive_fleet(700000 + seed, False)
