@@ -53,6 +53,7 @@ _ZERO = Usage()
 _INF = float("inf")
 _POS = attrgetter("pos")
 _BY_TIME_SEQ = itemgetter(0, 1)
+_FIRST = itemgetter(0)
 _LOG_MAX = 8192
 _NO_CHANGE: frozenset[str] = frozenset()
 # Not in a cache (a cached answer may be None).
@@ -698,7 +699,10 @@ class Scheduler:
         # the clusters in it with room. Each with the capacity log's end when made:
         # every change to a cluster is logged (``_touch``), so while the log stands
         # still they hold, from pass to pass.
-        self._orders: dict[Any, tuple[int, list[ClusterState]]] = {}
+        # (With each cluster's key, as a list in order and by name.)
+        self._orders: dict[
+            Any, tuple[int, list[ClusterState], list[tuple[Any, ...]], dict[str, tuple[Any, ...]]]
+        ] = {}
         self._cands: dict[tuple[Any, int], tuple[int, list[ClusterState], frozenset[str]]] = {}
         # Per (selector, demand): ``_unheld``'s answer for a ``_cands`` list, within a pass.
         self._unheld_cache: dict[
@@ -2011,11 +2015,50 @@ class Scheduler:
         clusters), kept while the capacity log stands still. Callers must not change it."""
         cap_end = self._cap_base + len(self._cap_log)
         hit = self._orders.get(sel)
-        if hit is not None and hit[0] == cap_end:
-            return hit[1]
-        base = self._placement_order(elig, None)
-        self._orders[sel] = (cap_end, base)
+        if hit is not None:
+            if hit[0] == cap_end:
+                return hit[1]
+            moved = self._soft_since(hit[0], len(hit[1]) // 4)
+            if moved is not None:
+                # Only the clusters in ``moved`` changed, and only in free capacity: the
+                # same clusters, the others keep their keys. Keys are unique (the name
+                # ends them), so taking the moved ones out and putting them back where
+                # their new keys go is the sort itself.
+                base, keys, kd = hit[1][:], hit[2][:], dict(hit[3])
+                for n in moved:
+                    k = kd.get(n)
+                    if k is None:
+                        continue  # not one of ``elig``
+                    i = bisect_left(keys, k)
+                    del keys[i]
+                    c = base.pop(i)
+                    k = kd[n] = _order_key(c)
+                    i = bisect_left(keys, k)
+                    keys.insert(i, k)
+                    base.insert(i, c)
+                self._orders[sel] = (cap_end, base, keys, kd)
+                return base
+        # ``_placement_order(elig, None)``, keeping the keys.
+        pairs = sorted([(_order_key(c), c) for c in elig], key=_FIRST)
+        base = [c for _, c in pairs]
+        self._orders[sel] = (cap_end, base, [k for k, _ in pairs], {c.name: k for k, c in pairs})
         return base
+
+    def _soft_since(self, pos: int, most: int) -> set[str] | None:
+        """The clusters whose free capacity changed since capacity log position ``pos``,
+        if nothing more than free capacity changed anywhere and at most ``most`` entries
+        were logged since; else None (the log no longer reaches back that far, or a
+        fresh answer is as cheap)."""
+        i = pos - self._cap_base
+        log = self._cap_log
+        if i < 0 or len(log) - i > most:
+            return None
+        out: set[str] = set()
+        for name, hard in log[i:]:
+            if hard:
+                return None
+            out.add(name)
+        return out
 
     def _gate(self, q: _Queue, a: _Action, demand: Usage) -> Reason | None:
         spec = q.spec
@@ -2316,7 +2359,19 @@ class Scheduler:
             hit = self._cands.get(nr_key)
             if hit is None or hit[0] != cap_end:
                 base = self._base_order(q.spec.clusters, v.elig)
-                order = [c for c in base if self._room(c, dkey, runs)]
+                moved = None
+                if hit is not None:
+                    moved = self._soft_since(hit[0], len(base) // 4)
+                    had = hit[2]
+                if moved is None:
+                    order = [c for c in base if self._room(c, dkey, runs)]
+                else:
+                    # Only the moved clusters' room may have changed.
+                    order = [
+                        c
+                        for c in base
+                        if (self._room(c, dkey, runs) if c.name in moved else c.name in had)
+                    ]
                 hit = self._cands[nr_key] = (cap_end, order, frozenset(c.name for c in order))
             order = hit[1]
             names = hit[2]
