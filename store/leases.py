@@ -16,12 +16,24 @@ primitives:
   queue and every unclaimed end, in one transaction, under a deterministic token, so a
   retried sync returns exactly what the first attempt claimed.
 
+Ends nothing waits for are announced lazily. An end matters to a decision only when
+work waits (for the capacity, slot or quota it frees): any sync hands the scheduler every
+end recorded so far, so a new lease is never decided against stale ends. The scheduler
+therefore keeps a ``wants-ends`` flag up to date (set while its last pass left work
+waiting), and the finisher that flips the ``done`` flag is told :attr:`Nudge.NOW` only
+when that flag is set, else :attr:`Nudge.SOON`: nudge within a second unless some other
+nudge reaches the scheduler first. Ends still reach it promptly enough for its gauges
+and a draining queue's drained, at a fraction of the signals.
+
 Lost-wakeup freedom: a submitter flips the flag *after* inserting in the same
 transaction, and the scheduler clears the flag *before* reading in its transaction. Under
 PostgreSQL's READ COMMITTED the row lock on the flag orders the two: either the
 submitter's flip commits first (then the scheduler's read sees its lease) or the clear
 commits first (then the submitter flips false -> true and nudges). SQLite serializes
-writers (``BEGIN IMMEDIATE``), which gives the same order.
+writers (``BEGIN IMMEDIATE``), which gives the same order. The scheduler writes
+``wants-ends`` before it clears ``done``, and a finisher reads ``wants-ends`` after it
+flips ``done``: a finisher that still reads it clear flipped ``done`` before the sync's
+clear went through, so that very sync collects its end.
 
 SQLite is the default (``sqlite:///.headway/headway.db``); any SQLAlchemy URL works, e.g.
 ``postgresql+psycopg://user@host/db`` via ``HEADWAY_DATABASE_URL``.
@@ -29,6 +41,7 @@ SQLite is the default (``sqlite:///.headway/headway.db``); any SQLAlchemy URL wo
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import threading
@@ -58,12 +71,34 @@ from sqlalchemy.pool import StaticPool
 
 from .models import AdmissionRow, Base, LeaseRow, ShardFlag
 
-__all__ = ["DEFAULT_DATABASE_URL", "DONE_CHANNEL", "LeaseStore", "SyncResult", "queue_channel"]
+__all__ = [
+    "DEFAULT_DATABASE_URL",
+    "DONE_CHANNEL",
+    "WANTS_ENDS_CHANNEL",
+    "LeaseStore",
+    "Nudge",
+    "SyncResult",
+    "queue_channel",
+]
 
 DEFAULT_DATABASE_URL = "sqlite:///.headway/headway.db"
 DONE_CHANNEL = "done"
+#: Set by the scheduler while work waits that an end could unblock (see module doc).
+WANTS_ENDS_CHANNEL = "wants-ends"
 #: The ends a lease is marked with (``done``); a rejected lease is deleted instead.
 _MARKED_ENDS = ("finished", "cancelled")
+
+
+class Nudge(enum.IntEnum):
+    """What the caller of a store write must do about the scheduler."""
+
+    #: Stay silent: a nudge is on its way, or the scheduler will come back by itself.
+    NONE = 0
+    #: Signal the scheduler now.
+    NOW = 1
+    #: An end no waiting work needs: signal within a second, unless a nudge sent after
+    #: this write reaches the scheduler anyway (its sync collects the end).
+    SOON = 2
 
 
 def queue_channel(queue: str) -> str:
@@ -123,6 +158,14 @@ class _Prepared:
                 )
                 .returning(flags.c.tenant)
             )
+        self.flag_value = select(flags.c.dirty).where(
+            (flags.c.tenant == t) & (flags.c.channel == bindparam("c"))
+        )
+        self.set_flag = (
+            update(flags)
+            .where((flags.c.tenant == t) & (flags.c.channel == bindparam("c")))
+            .values(dirty=bindparam("v"))
+        )
         self.clear = (
             update(flags)
             .where((flags.c.tenant == t) & (flags.c.channel == bindparam("c")))
@@ -305,11 +348,12 @@ class LeaseStore:
         flipped = self._flip(conn, tenant, queue_channel(queue), flips)
         return flipped or not inserted
 
-    def apply(self, ops: Sequence[tuple[str, tuple[Any, ...]]]) -> list[bool]:
+    def apply(self, ops: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Nudge]:
         """Several ``put_lease`` / ``finish_lease`` calls in one transaction (group commit).
 
         ``ops`` are ``("put", put_lease args)`` or ``("finish", finish_lease args)``;
-        results are what the calls would return one after another, in order.
+        results are what the calls would return one after another, in order (a put's
+        bool as :attr:`Nudge.NOW` or :attr:`Nudge.NONE`).
         """
         for kind, args in ops:
             if kind == "finish":
@@ -322,7 +366,7 @@ class LeaseStore:
             # later ops' flips would all answer "already set" anyway.
             flips: set[tuple[str, str]] = set()
             return [
-                self._put_lease(conn, *args, flips=flips)
+                Nudge(int(self._put_lease(conn, *args, flips=flips)))
                 if kind == "put"
                 else self._finish_lease(conn, *args, flips=flips)
                 for kind, args in ops
@@ -376,7 +420,7 @@ class LeaseStore:
                 conn.exec_driver_sql("ANALYZE headway_leases")
         return n
 
-    def finish_lease(self, tenant: str, action_id: str, kind: str) -> bool:
+    def finish_lease(self, tenant: str, action_id: str, kind: str) -> Nudge:
         """Record that an action ended (``finished``), was cancelled, or was rejected.
 
         A lease the scheduler never claimed is simply deleted (it never held anything);
@@ -384,7 +428,9 @@ class LeaseStore:
         once and the ``done`` flag flipped.
 
         Returns:
-            True if the caller must nudge the scheduler.
+            Whether and when the caller must nudge the scheduler: :attr:`Nudge.NOW` when
+            this flipped the ``done`` flag while work waits (``wants-ends``),
+            :attr:`Nudge.SOON` when it flipped it and nothing waits.
         """
         _check_kind(kind)
         with self._lock, self.engine.begin() as conn:
@@ -398,20 +444,25 @@ class LeaseStore:
         kind: str,
         *,
         flips: set[tuple[str, str]] | None = None,
-    ) -> bool:
+    ) -> Nudge:
         prep = self._prep
         key = {"t": tenant, "a": action_id}
         conn.execute(prep.admission_delete, key)
         if kind == "rejected":
             conn.execute(prep.lease_delete, key)
-            return False
+            return Nudge.NONE
         if conn.execute(prep.pending_delete, key).rowcount:
-            return False
+            return Nudge.NONE
         if not conn.execute(prep.mark_done, {**key, "k": kind}).rowcount:
             # Already marked (a retry) or gone: nudge again only if still unclaimed.
             row = conn.execute(prep.done_claim, key).first()
-            return row is not None and row[0] is None
-        return self._flip(conn, tenant, DONE_CHANNEL, flips)
+            if row is None or row[0] is not None:
+                return Nudge.NONE
+        elif not self._flip(conn, tenant, DONE_CHANNEL, flips):
+            return Nudge.NONE
+        # Read after the flip (see the module doc for why this order loses no wakeup).
+        wants = conn.execute(prep.flag_value, {"t": tenant, "c": WANTS_ENDS_CHANNEL}).first()
+        return Nudge.NOW if wants is not None and wants[0] else Nudge.SOON
 
     # --- in-process admissions -------------------------------------------------------
 
@@ -464,6 +515,7 @@ class LeaseStore:
         max_leases: int = 2000,
         max_done: int = 5000,
         forget: Sequence[str] = (),
+        wants_ends: bool | None = None,
     ) -> SyncResult:
         """Claim new leases and ends for the scheduler, idempotently per ``token``.
 
@@ -477,6 +529,8 @@ class LeaseStore:
             max_leases: cap of leases per sync, to bound the activity result payload.
             max_done: cap of ends per sync.
             forget: action ids whose leases the scheduler dropped (workflow gone).
+            wants_ends: the scheduler's ``wants-ends`` (whether its last pass left work
+                waiting); None leaves the flag as it is.
         """
         with self._lock, self.engine.begin() as conn:
             if forget:
@@ -498,6 +552,8 @@ class LeaseStore:
             # Ends the scheduler applied in an earlier sync are durable in its history.
             conn.execute(prep.collected_delete, {"t": tenant, "tok": token})
             out = SyncResult()
+            if wants_ends is not None:
+                self._set_flag(conn, tenant, WANTS_ENDS_CHANNEL, wants_ends)
             self._clear(conn, tenant, DONE_CHANNEL)
             ids = [r[0] for r in conn.execute(prep.done_ids, {"t": tenant, "n": max_done + 1})]
             out.more_done = len(ids) > max_done
@@ -506,15 +562,23 @@ class LeaseStore:
                 conn.execute(prep.claim_done, {"ids": ids, "tok": token})
                 out.done = [[a, str(d)] for a, d in conn.execute(prep.done_rows, {"ids": ids})]
             budget = max_leases
+            # Every queue given room is read, so its flag is cleared first, before the
+            # scan below: also the flag of a queue whose leases are all gone by now (a
+            # lease cancelled before its claim leaves the flag behind, and a flag left
+            # set would keep the queue's next submitter silent).
+            cleared = sorted(q for q, n in room.items() if n > 0)
+            for queue in cleared:
+                self._clear(conn, tenant, queue_channel(queue))
             # A queue is "more" only if this sync left visible leases behind: leases
-            # committed after its flag was cleared below will nudge by themselves.
+            # committed after its flag was cleared will nudge by themselves.
             more: list[str] = []
             for queue in self._pending_queues(conn, tenant):
                 want = min(room.get(queue, default_room), budget)
                 if want <= 0:
                     more.append(queue)
                     continue
-                self._clear(conn, tenant, queue_channel(queue))
+                if queue not in room:  # unknown to the scheduler: read at default room
+                    self._clear(conn, tenant, queue_channel(queue))
                 rows = conn.execute(
                     prep.pending_ids, {"t": tenant, "q": queue, "n": want + 1}
                 ).all()
@@ -616,6 +680,12 @@ class LeaseStore:
                 .values(dirty=True)
             ).rowcount
         )
+
+    def _set_flag(self, conn: Connection, tenant: str, channel: str, value: bool) -> None:
+        if not conn.execute(self._prep.set_flag, {"t": tenant, "c": channel, "v": value}).rowcount:
+            self._insert_ignore(
+                conn, ShardFlag, {"tenant": tenant, "channel": channel, "dirty": value}
+            )
 
     def _clear(self, conn: Connection, tenant: str, channel: str) -> None:
         conn.execute(self._prep.clear, {"t": tenant, "c": channel})

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from headway.store import DONE_CHANNEL, LeaseStore, queue_channel
+from headway.store import DONE_CHANNEL, LeaseStore, Nudge, queue_channel
 
 PG = os.environ.get("HEADWAY_TEST_POSTGRES_URL")
 BACKENDS = ["sqlite", *(["postgresql"] if PG else [])]
@@ -73,10 +73,10 @@ def test_retried_sync_returns_the_same_claims(store: LeaseStore, tenant: str) ->
 def test_ends_are_handed_over_once_and_collected(store: LeaseStore, tenant: str) -> None:
     for i in range(3):
         put(store, tenant, i)
-    store.sync(tenant, "r:1", {"q": 10})
-    assert store.finish_lease(tenant, "a0", "finished") is True
-    assert store.finish_lease(tenant, "a1", "cancelled") is False  # flag already set
-    assert store.finish_lease(tenant, "a0", "finished") is True  # retry: still unclaimed
+    store.sync(tenant, "r:1", {"q": 10}, wants_ends=True)
+    assert store.finish_lease(tenant, "a0", "finished") is Nudge.NOW
+    assert store.finish_lease(tenant, "a1", "cancelled") is Nudge.NONE  # flag already set
+    assert store.finish_lease(tenant, "a0", "finished") is Nudge.NOW  # retry: still unclaimed
     res = store.sync(tenant, "r:2", {"q": 10})
     assert res.done == [["a0", "finished"], ["a1", "cancelled"]]
     assert store.flag(tenant, DONE_CHANNEL) is False
@@ -90,13 +90,92 @@ def test_cancel_before_claim_drops_silently_and_reject_deletes(
 ) -> None:
     put(store, tenant, 0)
     put(store, tenant, 1)
-    assert store.finish_lease(tenant, "a0", "cancelled") is False
+    assert store.finish_lease(tenant, "a0", "cancelled") is Nudge.NONE
     res = store.sync(tenant, "r:1", {"q": 10})
     assert [d["id"] for d in res.leases] == ["a1"]
-    assert store.finish_lease(tenant, "a1", "rejected") is False
+    assert store.finish_lease(tenant, "a1", "rejected") is Nudge.NONE
     assert store.lease_count(tenant) == 0
     with pytest.raises(ValueError, match="kind"):
         store.finish_lease(tenant, "a1", "exploded")
+
+
+@pytest.mark.parametrize(
+    ("wants", "expected"),
+    [
+        pytest.param(None, Nudge.SOON, id="scheduler-never-said-so-nudge-soon"),
+        pytest.param(False, Nudge.SOON, id="nothing-waits-nudge-soon"),
+        pytest.param(True, Nudge.NOW, id="work-waits-nudge-now"),
+    ],
+)
+def test_an_end_nudges_now_only_while_work_waits(
+    store: LeaseStore, tenant: str, wants: bool | None, expected: Nudge
+) -> None:
+    for i in range(3):
+        put(store, tenant, i)
+    store.sync(tenant, "r:1", {"q": 10}, wants_ends=wants)
+    assert store.finish_lease(tenant, "a0", "finished") is expected
+    assert store.finish_lease(tenant, "a1", "finished") is Nudge.NONE  # done flag set
+    # A later sync (any nudge) collects both ends, whatever the lazy nudge became.
+    res = store.sync(tenant, "r:2", {"q": 10}, wants_ends=not wants)
+    assert res.done == [["a0", "finished"], ["a1", "finished"]]
+    assert store.finish_lease(tenant, "a2", "finished") is (Nudge.SOON if wants else Nudge.NOW)
+
+
+def test_wants_ends_is_left_alone_unless_given(store: LeaseStore, tenant: str) -> None:
+    for i in range(2):
+        put(store, tenant, i)
+    store.sync(tenant, "r:1", {"q": 10}, wants_ends=True)
+    store.sync(tenant, "r:2", {"q": 10})  # an older scheduler: says nothing
+    assert store.finish_lease(tenant, "a0", "finished") is Nudge.NOW
+
+
+def test_a_lease_cancelled_before_its_claim_leaves_no_flag_behind(
+    store: LeaseStore, tenant: str
+) -> None:
+    """Its put set the queue's flag; the sync that finds nothing must still clear it."""
+    assert put(store, tenant, 0) is True
+    assert store.finish_lease(tenant, "a0", "cancelled") is Nudge.NONE
+    res = store.sync(tenant, "r:1", {"q": 10})  # the nudge of a0's put arrives
+    assert res.leases == [] and res.more == []
+    assert store.flag(tenant, queue_channel("q")) is False
+    assert put(store, tenant, 1) is True  # else a1 would wait for someone else's nudge
+
+
+def test_concurrent_finishers_never_lose_a_wakeup_while_work_waits(
+    store: LeaseStore, tenant: str
+) -> None:
+    """With work waiting, every end is collected by a sync that started after it, or
+    announced by a NOW nudge."""
+    for i in range(160):
+        put(store, tenant, i)
+    store.sync(tenant, "r:0", {"q": 1000}, wants_ends=True)
+    told: list[str] = []
+    lock = threading.Lock()
+
+    def finish(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            r = store.finish_lease(tenant, f"a{i}", "finished")
+            assert r is not Nudge.SOON
+            if r is Nudge.NOW:
+                with lock:
+                    told.append(f"a{i}")
+
+    threads = [threading.Thread(target=finish, args=(k * 40, k * 40 + 40)) for k in range(4)]
+    collected: list[str] = []
+    for t in threads:
+        t.start()
+    n = 0
+    while any(t.is_alive() for t in threads):
+        n += 1
+        collected += [a for a, _ in store.sync(tenant, f"r:{n}", {}, wants_ends=True).done]
+    for t in threads:
+        t.join()
+    # Ends left for one more sync must have been announced: the first of them after
+    # the previous sync's clear was told to nudge.
+    rest = [a for a, _ in store.sync(tenant, "r:last", {}, wants_ends=True).done]
+    assert not rest or any(a in told for a in rest)
+    assert sorted(collected + rest) == sorted(f"a{i}" for i in range(160))
+    assert told  # the first end after the first sync at least
 
 
 def test_put_is_idempotent_and_unknown_queues_use_default_room(
@@ -162,12 +241,13 @@ def test_group_commit_matches_calls_one_after_another(store: LeaseStore, tenant:
         ("put", (tenant, f"a{i}", "q", f"wf-a{i}", spec(i), float(i))) for i in range(3)
     ]
     # Only the first put flips the flag; a repeated put (a retry) must nudge again.
-    assert store.apply([*ops, ops[0]]) == [True, False, False, True]
-    r = store.sync(tenant, "s1", {"q": 10})
+    N, NOW = Nudge.NONE, Nudge.NOW
+    assert store.apply([*ops, ops[0]]) == [NOW, N, N, NOW]
+    r = store.sync(tenant, "s1", {"q": 10}, wants_ends=True)
     assert [d["id"] for d in r.leases] == ["a0", "a1", "a2"]
     assert store.apply(
         [("finish", (tenant, "a0", "finished")), ("finish", (tenant, "a1", "cancelled"))]
-    ) == [True, False]
+    ) == [NOW, N]
     with pytest.raises(ValueError):
         store.apply([("finish", (tenant, "a2", "bogus"))])
     assert sorted(store.sync(tenant, "s2", {"q": 10}).done) == [
@@ -194,7 +274,8 @@ def test_group_commit_flips_each_channel_once_per_queue_and_tenant(
         ("put", (tenant, "a5", "r", "wf-a5", spec(5, "r"), 5.0)),
     ]
     # One nudge per (tenant, channel) whose flag this batch found clear, from its first op.
-    assert store.apply(ops) == [not already_set, True, True, False, False]
+    first = Nudge.NONE if already_set else Nudge.NOW
+    assert store.apply(ops) == [first, Nudge.NOW, Nudge.NOW, Nudge.NONE, Nudge.NONE]
     assert store.flag(tenant, queue_channel("q")) and store.flag(tenant, queue_channel("r"))
     assert store.flag(other, queue_channel("q"))
     store.sync(tenant, "s1", {"q": 10, "r": 10})
