@@ -18,18 +18,26 @@ records the admission in the store (durable: a retried first task reads it back)
 hands it to the waiter instead of signalling, so the action schedules its cluster
 activity in the same workflow task: 2 workflow tasks per action instead of 3. Any other
 case (timeout, dispatch on another worker, too many waiters) falls back to the signal.
+
+Ends (``finish_lease``): the finisher that flips the ``done`` flag nudges at once only
+while the scheduler has work waiting (``Nudge.NOW``). Otherwise (``Nudge.SOON``) this
+worker nudges within ``LAZY_END_NUDGE_S``, and not at all if it sends the tenant another
+nudge meanwhile (that nudge's sync collects the end): under a steady stream of
+submissions, ends then cost no signal of their own. A lazy nudge lost with its worker
+only leaves the end for the next sync to collect; no decision waits on it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from headway import protocol
 from headway.protocol import Admission
 from headway.scheduler.model import ClusterSpec
-from headway.store import DONE_CHANNEL, LeaseStore, queue_channel
+from headway.store import DONE_CHANNEL, LeaseStore, Nudge, queue_channel
 from headway.workflows.shared import (
     FINISH_LEASE_ACTIVITY,
     FLEET_ACTIVITY,
@@ -63,6 +71,11 @@ FINISH_LEASE = FINISH_LEASE_ACTIVITY
 SYNC_LEASES = SYNC_ACTIVITY
 PUT_LEASE_WAIT = PUT_LEASE_WAIT_ACTIVITY
 
+#: Longest delay of a lazy nudge (an end no waiting work needs).
+LAZY_END_NUDGE_S = 1.0
+
+log = logging.getLogger(__name__)
+
 
 class _GroupCommit:
     """Queue ``put_lease`` / ``finish_lease`` calls; one thread call commits them all.
@@ -76,11 +89,11 @@ class _GroupCommit:
 
     def __init__(self, store: LeaseStore) -> None:
         self.store = store
-        self._queue: list[tuple[tuple[str, tuple[Any, ...]], asyncio.Future[bool]]] = []
+        self._queue: list[tuple[tuple[str, tuple[Any, ...]], asyncio.Future[Nudge]]] = []
         self._task: asyncio.Task[None] | None = None
 
-    async def submit(self, kind: str, args: tuple[Any, ...]) -> bool:
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    async def submit(self, kind: str, args: tuple[Any, ...]) -> Nudge:
+        fut: asyncio.Future[Nudge] = asyncio.get_running_loop().create_future()
         self._queue.append(((kind, args), fut))
         if self._task is None:
             self._task = asyncio.create_task(self._drain())
@@ -155,6 +168,11 @@ class StoreActivities:
         self.fleet = list(fleet)
         self.waiters = waiters if waiters is not None else AdmissionWaiters()
         self._commit = _GroupCommit(store)
+        # Per tenant: nudges started so far; the lazy nudge pending (if any), and the
+        # count at the latest end it stands for.
+        self._sent: dict[str, int] = {}
+        self._lazy: dict[str, asyncio.Task[None]] = {}
+        self._lazy_at: dict[str, int] = {}
 
     async def nudge(self, tenant: str, channel: str) -> None:
         """Signal the tenant's scheduler that the store has news on ``channel``.
@@ -163,6 +181,7 @@ class StoreActivities:
         costs the server a start attempt on top of the signal. Only a scheduler that
         does not run (first use of a tenant, or it ended) is signal-with-started.
         """
+        self._sent[tenant] = self._sent.get(tenant, 0) + 1
         try:
             await self.client.get_workflow_handle(protocol.scheduler_workflow_id(tenant)).signal(
                 NUDGE_SIGNAL, channel
@@ -194,7 +213,7 @@ class StoreActivities:
         )
         if must:
             await self.nudge(inp.tenant, queue_channel(inp.queue))
-        return must
+        return must is Nudge.NOW
 
     @activity.defn(name=PUT_LEASE_WAIT)
     async def put_lease_wait(self, inp: PutLeaseInput) -> PutLeaseOutput:
@@ -231,9 +250,33 @@ class StoreActivities:
         if inp.kind not in ("finished", "cancelled", "rejected"):  # fail alone, not the batch
             raise ValueError(f"kind: {inp.kind!r} is not one of finished, cancelled, rejected")
         must = await self._commit.submit("finish", (inp.tenant, inp.action_id, inp.kind))
-        if must:
+        if must is Nudge.NOW:
             await self.nudge(inp.tenant, DONE_CHANNEL)
-        return must
+        elif must is Nudge.SOON:
+            self._nudge_soon(inp.tenant)
+        return must is not Nudge.NONE
+
+    def _nudge_soon(self, tenant: str) -> None:
+        """A ``done`` nudge within ``LAZY_END_NUDGE_S``, unless another goes out first."""
+        # One pending per tenant stands for every end since: the latest sets the mark.
+        self._lazy_at[tenant] = self._sent.get(tenant, 0)
+        if tenant not in self._lazy:
+            self._lazy[tenant] = asyncio.create_task(self._lazy_nudge(tenant))
+
+    async def _lazy_nudge(self, tenant: str) -> None:
+        try:
+            await asyncio.sleep(LAZY_END_NUDGE_S)
+            # A nudge started after the latest end was recorded leads to a sync that
+            # collects every one of them.
+            if self._sent.get(tenant, 0) == self._lazy_at.get(tenant):
+                await self.nudge(tenant, DONE_CHANNEL)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the next sync collects the end anyway
+            log.warning("lazy nudge of %s failed", tenant, exc_info=True)
+        finally:
+            self._lazy.pop(tenant, None)
+            self._lazy_at.pop(tenant, None)
 
     @activity.defn(name=FLEET_ACTIVITY)
     async def fleet_specs(self) -> list[dict[str, Any]]:
@@ -255,6 +298,7 @@ class StoreActivities:
                 max_leases=inp.max_leases,
                 max_done=inp.max_done,
                 forget=inp.forget,
+                wants_ends=inp.wants_ends,
             )
         )
         return SyncOutput(leases=r.leases, done=r.done, more=r.more, more_done=r.more_done)

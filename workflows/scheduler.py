@@ -149,6 +149,13 @@ class SchedulerWorkflow:
         for c in inp.fleet:
             if c["name"] not in known:
                 self._core.add_cluster(ClusterSpec.from_dict(c))
+        # The store's ``wants-ends`` as this run last wrote it (None: not yet), and
+        # whether this run keeps it (patched in: runs recorded before do not).
+        self._wants_written: bool | None = None
+        self._lazy_ends = False
+        # Whether the latest pass left work waiting (leases claimed since are undecided,
+        # not waiting).
+        self._waits = self._waiting()
         self._stats = {"passes": 0, "syncs": 0, "admitted": 0, "rejected": 0, "dispatches": 0}
 
     # --- inbound: signals -----------------------------------------------------------
@@ -309,6 +316,9 @@ class SchedulerWorkflow:
     @workflow.run
     async def run(self, inp: SchedulerInput) -> None:
         """Wait for change, sync, pass, dispatch; continue as new when suggested."""
+        # Finishers nudge at once only while work waits (``wants-ends`` in the store);
+        # other ends come with the next sync. See ``headway.store.leases``.
+        self._lazy_ends = workflow.patched("lazy-ends")
         if inp.carried and workflow.patched("sync-after-continue"):
             # A nudge that reached the previous run while it was continuing as new is
             # lost with it, and its store flag stays set, so no one nudges again: look
@@ -339,6 +349,7 @@ class SchedulerWorkflow:
                 await self._sync()
             now = workflow.now().timestamp()
             admitted = self._core.schedule(now)
+            self._waits = self._waiting()
             self._stats["passes"] += 1
             for a in admitted:
                 self._loop.running_since[a.action_id] = now
@@ -393,6 +404,10 @@ class SchedulerWorkflow:
     def _sync_needed(self) -> bool:
         if self._loop.forget or DONE_CHANNEL in self._nudged or "*" in self._more:
             return True
+        if self._lazy_ends and self._waits and self._wants_written is not True:
+            # Work waits now, and finishers still nudge lazily: tell them (and collect
+            # the ends that came meanwhile) before waiting for a signal.
+            return True
         room = self._room()
         if any(room.values()):
             return True
@@ -401,6 +416,9 @@ class SchedulerWorkflow:
         return any((c.startswith("q:") and c[2:] not in queues) for c in self._nudged) or any(
             q not in queues for q in self._more
         )
+
+    def _waiting(self) -> bool:
+        return any(q.waiting for q in self._core.queues.values())
 
     def _backlog_refill_needed(self) -> bool:
         queues = self._core.queues
@@ -415,6 +433,7 @@ class SchedulerWorkflow:
         token = f"{workflow.info().run_id}:{self._loop.sync_no}"
         forget, self._loop.forget = self._loop.forget, []
         room = self._room_for(taken)
+        wants = self._waits if self._lazy_ends else None
         res: SyncOutput = await workflow.execute_local_activity(
             SYNC_ACTIVITY,
             SyncInput(
@@ -425,12 +444,15 @@ class SchedulerWorkflow:
                 max_leases=MAX_SYNC_LEASES,
                 max_done=MAX_SYNC_DONE,
                 forget=forget,
+                wants_ends=wants,
             ),
             result_type=SyncOutput,
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
         )
         self._stats["syncs"] += 1
+        if wants is not None:
+            self._wants_written = wants
         now = workflow.now().timestamp()
         for d in res.leases:
             spec = ActionSpec.from_dict({**d, "seq": self._loop.seq})

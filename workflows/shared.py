@@ -125,6 +125,8 @@ class SyncInput:
     max_leases: int
     max_done: int
     forget: list[str] = field(default_factory=list)
+    #: Whether work waits (sets the store's ``wants-ends``); None: leave it (older runs).
+    wants_ends: bool | None = None
 
 
 @dataclass

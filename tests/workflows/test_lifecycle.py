@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 from headway import protocol
 from headway.protocol import DemandRequest, SubmitRequest
+from headway.store import WANTS_ENDS_CHANNEL
 from headway.workflows import client as hw
 from temporalio.client import Client, WorkflowUpdateFailedError
 
@@ -156,6 +157,22 @@ async def test_live_queue_update_keeps_inflight(plane: Plane, tenant: str) -> No
     results = [await hw.wait_result(h) for h in [*handles, more]]
     assert [r.state for r in results] == ["succeeded"] * 4
     assert sorted(plane.cluster.finished) == ["l0", "l1", "l2", "l3"]
+
+
+async def test_scheduler_keeps_wants_ends_while_work_waits(plane: Plane, tenant: str) -> None:
+    """Ends nudge at once only while work waits; the scheduler keeps the store told."""
+    await setup_queue(plane, tenant, action_concurrency=1)
+    plane.cluster.gate = asyncio.Event()
+    first = await hw.submit(plane.client, req(tenant, "w0"))
+    await eventually(lambda: len(plane.cluster.running) == 1)
+    assert not plane.store.flag(tenant, WANTS_ENDS_CHANNEL)  # nothing waits yet
+    second = await hw.submit(plane.client, req(tenant, "w1"))
+    await eventually(lambda: plane.store.flag(tenant, WANTS_ENDS_CHANNEL))
+    plane.cluster.gate.set()
+    assert [(await hw.wait_result(h)).state for h in (first, second)] == ["succeeded"] * 2
+    # w1's end comes lazily, and its sync says that nothing waits any more.
+    await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
+    await eventually(lambda: not plane.store.flag(tenant, WANTS_ENDS_CHANNEL))
 
 
 async def _state_is(plane: Plane, tenant: str, action_id: str, state: str) -> bool:

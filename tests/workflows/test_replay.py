@@ -42,6 +42,9 @@ def load(name: str) -> WorkflowHistory:
         "action_ok_rev1",
         "action_cancelled_rev1",
         "scheduler_rev1",
+        # ... and with lazy ends (``wants-ends`` kept by the scheduler): a waiting action
+        # makes it sync at once to say so.
+        "scheduler_lazyends",
     ],
 )
 async def test_checked_in_histories_replay(name: str) -> None:
