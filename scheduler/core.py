@@ -54,6 +54,9 @@ _INF = float("inf")
 _POS = attrgetter("pos")
 _BY_TIME_SEQ = itemgetter(0, 1)
 _FIRST = itemgetter(0)
+# ``Scheduler._scan``'s answer: the earliest fit (time, cluster, EASY extra), and the
+# clusters to hold.
+_ScanOut = tuple[tuple[float, ClusterState, ClusterState | None] | None, list[str]]
 _LOG_MAX = 8192
 _NO_CHANGE: frozenset[str] = frozenset()
 # Not in a cache (a cached answer may be None).
@@ -709,6 +712,12 @@ class Scheduler:
             tuple[Any, int], tuple[list[ClusterState], int, list[ClusterState]]
         ] = {}
         self._fit_cache: dict[tuple[int, int, bool], tuple[Any, ...]] = {}
+        # Per (selector, demand, EASY): ``_scan``'s fits, by cluster, with the capacity
+        # log position, environment epoch and clock they were found at.
+        self._scans: dict[
+            tuple[Any, int, bool],
+            tuple[int, int, float, dict[str, Any], _ScanOut, dict[str, float], float],
+        ] = {}
         # Per (cluster, demand, EASY): the demand placed on the cluster emptied, with
         # the node list it was made for (see ``_empty_fit``).
         self._empties: dict[tuple[int, int, bool], tuple[Any, bool, ClusterState]] = {}
@@ -1086,6 +1095,7 @@ class Scheduler:
             q.last_sig = None
             q.cap_pos = -1
         self._fit_cache.clear()
+        self._scans.clear()
         self._rel_cache.clear()
         self._feasible.clear()
         self._unfit.clear()
@@ -2638,22 +2648,23 @@ class Scheduler:
         held: list[str] = []
         env = head.env if not head.env_declared else None
         if self.incremental and not (env and self.undeclared_env.get(env)):
-            order = self._base_order(sel, elig)
+            best, held = self._scan(sel, elig, runs, dkey, now, easy)
+            for n in held:
+                self._hold(n, head.id)
         else:
-            order = self._placement_order(elig, env)
-        for c in order:
-            if not c.known or not self._could(c, runs, dkey):
-                continue
-            fit = self._earliest_fit(c, runs, now, easy, dkey)
-            if fit is None:
-                # A running action with no estimate: the reservation cannot be computed,
-                # so the head holds this cluster as under strict.
-                self._hold(c.name, head.id)
-                held.append(c.name)
-                continue
-            t, extra = fit
-            if best is None or t < best[0]:
-                best = (t, c, extra)
+            for c in self._placement_order(elig, env):
+                if not c.known or not self._could(c, runs, dkey):
+                    continue
+                fit = self._earliest_fit(c, runs, now, easy, dkey)
+                if fit is None:
+                    # A running action with no estimate: the reservation cannot be
+                    # computed, so the head holds this cluster as under strict.
+                    self._hold(c.name, head.id)
+                    held.append(c.name)
+                    continue
+                t, extra = fit
+                if best is None or t < best[0]:
+                    best = (t, c, extra)
         self._vresv = _ResvRecord(
             runs,
             dkey,
@@ -2665,6 +2676,99 @@ class Scheduler:
         if best is not None:
             # Admissions use EASY's extra up: it is copied when one first does.
             self._reserve_on(best[1].name, _Reservation(best[0], best[2], head.id, shared=True))
+
+    def _scan(
+        self,
+        sel: tuple[str, ...] | None,
+        elig: list[ClusterState],
+        runs: Runs,
+        dkey: int,
+        now: float,
+        easy: bool,
+    ) -> _ScanOut:
+        """``_reserve``'s walk: the earliest fit over the clusters of ``elig`` (in
+        placement order, the first of the earliest), and the clusters where none can be
+        computed (to hold, in placement order).
+
+        Every reserving head of the demand under the selector walks the same clusters:
+        their fits are kept per (selector, demand, EASY) with the capacity log position,
+        the environments and the clock they were found at, so that a later walk asks
+        again only of the clusters whose capacity moved since. Each fit's clock horizon
+        is kept too, and applied again as ``_earliest_fit`` would (see ``_vhz``).
+        """
+        cap_end = self._cap_base + len(self._cap_log)
+        ck = (sel, dkey, easy)
+        hit = self._scans.get(ck)
+        if hit is not None and hit[1] == self._env_epoch and hit[2] == now:
+            entries = hit[3]
+            if hit[0] == cap_end:
+                # Nothing moved: the same answer, and the same notes of the clock.
+                self._note_horizons(hit[5], hit[6])
+                return hit[4]
+            moved = self._soft_since(hit[0], len(entries))
+            if moved is not None:
+                fit_cache = self._fit_cache
+                for n in moved:
+                    e = entries.get(n)
+                    if e is None:
+                        # Not walked: another selector's, or unknown, or its node shapes
+                        # never hold the demand (neither moves without a hard change).
+                        continue
+                    c = e[2]
+                    fit = self._earliest_fit(c, runs, now, easy, dkey)
+                    h = fit_cache[(c.index, dkey, easy)][3]
+                    entries[n] = (fit, _order_key(c), c, h)
+                return self._scanned(ck, cap_end, now, entries, True)
+        entries = {}
+        fit_cache = self._fit_cache
+        for c in self._base_order(sel, elig):
+            if not c.known or not self._could(c, runs, dkey):
+                continue
+            fit = self._earliest_fit(c, runs, now, easy, dkey)
+            entries[c.name] = (fit, _order_key(c), c, fit_cache[(c.index, dkey, easy)][3])
+        return self._scanned(ck, cap_end, now, entries, False)
+
+    def _scanned(
+        self,
+        ck: tuple[Any, int, bool],
+        cap_end: int,
+        now: float,
+        entries: dict[str, Any],
+        note: bool,
+    ) -> _ScanOut:
+        """``_scan``'s answer from its fits by cluster, kept; ``note``: apply their
+        clock horizons (fits not asked again this time)."""
+        best: tuple[float, ClusterState, ClusterState | None] | None = None
+        bk: tuple[Any, ...] = ()
+        held: list[tuple[tuple[Any, ...], str]] = []
+        hz: dict[str, float] = {}
+        hmin = _INF
+        for n, (fit, k, c, h) in entries.items():
+            hz[n] = h
+            if h < hmin:
+                hmin = h
+            if fit is None:
+                held.append((k, n))
+            elif best is None or fit[0] < best[0] or (fit[0] == best[0] and k < bk):
+                best, bk = (fit[0], c, fit[1]), k
+        held.sort(key=_FIRST)
+        out: _ScanOut = (best, [n for _, n in held])
+        self._scans[ck] = (cap_end, self._env_epoch, now, entries, out, hz, hmin)
+        if note:
+            self._note_horizons(hz, hmin)
+        return out
+
+    def _note_horizons(self, hz: dict[str, float], hmin: float) -> None:
+        """Note clock horizons by cluster as ``_earliest_fit`` does (the earliest wins)."""
+        if hmin < self._horizon:
+            self._horizon = hmin
+        vhz = self._vhz
+        if not vhz:
+            vhz.update(hz)
+            return
+        for n, h in hz.items():
+            if h < vhz.get(n, _INF):
+                vhz[n] = h
 
     def _earliest_fit(
         self, c: ClusterState, runs: Runs, now: float, easy: bool, dkey: int
