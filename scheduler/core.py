@@ -1709,7 +1709,7 @@ class Scheduler:
                             return False
                 # Every cluster with room is a changed one, and turns it away (above):
                 # held, or reserved from above or by the queue's own head.
-                best = min((clusters[n] for n in rooms), key=_order_key)
+                best = self._first_of(rooms)
                 bn = best.name
                 e.reason = Reason.HeldForGang if bn in holds else Reason.BackfillWindow
                 e.first = bn
@@ -1729,7 +1729,7 @@ class Scheduler:
                     if k < bk:
                         best, bk = c, k
             else:
-                best = min((clusters[n] for n in rooms), key=_order_key)
+                best = self._first_of(rooms)
                 bk = _order_key(best)
             bn = best.name
             if bn != first or bn in changed:
@@ -1757,6 +1757,19 @@ class Scheduler:
             else:
                 views.pop(n, None)
         return True
+
+    def _first_of(self, names: set[str]) -> ClusterState:
+        """The cluster of ``names`` (healthy ones, at least one) first in placement
+        order: ``min`` by ``_order_key``, read off the fleet's kept order (which
+        carries capacity changes cheaply, see ``_base_order``) when ``names`` is a
+        good part of it."""
+        clusters = self.clusters
+        if 8 * len(names) < len(clusters):
+            return min((clusters[n] for n in names), key=_order_key)
+        for c in self._base_order(None, None):
+            if c.name in names:
+                return c
+        raise AssertionError("names outside the healthy fleet")  # pragma: no cover
 
     @staticmethod
     def _alone(q: _Queue, e: _Eval, acted: list[set[int]]) -> bool:
@@ -2019,10 +2032,11 @@ class Scheduler:
         return sorted(cs, key=lambda c: (0 if pref.get(c.name) else 1, *_order_key(c)[1:]))
 
     def _base_order(
-        self, sel: tuple[str, ...] | None, elig: list[ClusterState]
+        self, sel: tuple[str, ...] | None, elig: list[ClusterState] | None
     ) -> list[ClusterState]:
         """``_placement_order(elig, None)`` for selector ``sel`` (``elig``: its healthy
-        clusters), kept while the capacity log stands still. Callers must not change it."""
+        clusters, None: found here if needed), kept while the capacity log stands
+        still. Callers must not change it."""
         cap_end = self._cap_base + len(self._cap_log)
         hit = self._orders.get(sel)
         if hit is not None:
@@ -2048,6 +2062,16 @@ class Scheduler:
                     base.insert(i, c)
                 self._orders[sel] = (cap_end, base, keys, kd)
                 return base
+        if elig is None:
+            elig = [
+                c
+                for c in (
+                    self.clusters.values()
+                    if sel is None
+                    else (self.clusters[n] for n in sel if n in self.clusters)
+                )
+                if c.healthy
+            ]
         # ``_placement_order(elig, None)``, keeping the keys.
         pairs = sorted([(_order_key(c), c) for c in elig], key=_FIRST)
         base = [c for _, c in pairs]
