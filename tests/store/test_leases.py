@@ -358,3 +358,42 @@ def test_index_creation_racing_another_process(
     else:
         with pytest.raises(OperationalError):
             LeaseStore(url)
+
+
+def test_workers_batching_several_queues_in_any_order_never_deadlock(
+    store: LeaseStore, tenant: str
+) -> None:
+    """Group commits of several workers (threads: on PostgreSQL, concurrent
+    transactions) write flags of several queues in opposite orders while a scheduler
+    syncs them all; every lease is claimed and no transaction is aborted."""
+    queues = [f"q{k}" for k in range(6)]
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        order = queues if w % 2 else queues[::-1]
+        try:
+            for i in range(100):
+                store.apply(
+                    [("put", (tenant, f"w{w}-{i}-{q}", q, "wf", spec(i, q), 1.0)) for q in order]
+                )
+        except BaseException as err:  # a deadlock aborts the batch
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    claimed = 0
+    n = 0
+    while any(t.is_alive() for t in threads):
+        n += 1
+        claimed += len(store.sync(tenant, f"r:{n}", dict.fromkeys(queues, 50)).leases)
+    for t in threads:
+        t.join()
+    while True:
+        n += 1
+        res = store.sync(tenant, f"r:{n}", dict.fromkeys(queues, 1000), max_leases=10_000)
+        claimed += len(res.leases)
+        if not res.more:
+            break
+    assert errors == []
+    assert claimed == 4 * 100 * len(queues)
