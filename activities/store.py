@@ -162,11 +162,24 @@ class StoreActivities:
         client: Client,
         fleet: Sequence[ClusterSpec] = (),
         waiters: AdmissionWaiters | None = None,
+        admit_wait_s: float | None = None,
     ) -> None:
+        """
+        Args:
+            store: the lease store.
+            client: connected client (nudges).
+            fleet: clusters a scheduler started by a nudge is given.
+            waiters: shared with this worker's dispatch activity.
+            admit_wait_s: how long ``put_lease_wait`` waits for its admission here;
+                None: as long as the action asks (``ADMIT_WAIT_S``), 0: not at all.
+        """
         self.store = store
         self.client = client
         self.fleet = list(fleet)
         self.waiters = waiters if waiters is not None else AdmissionWaiters()
+        if admit_wait_s is not None and not admit_wait_s >= 0:
+            raise ValueError(f"admit_wait_s: {admit_wait_s!r} is not a number of seconds >= 0")
+        self.admit_wait_s = admit_wait_s
         self._commit = _GroupCommit(store)
         # Per tenant: nudges started so far; the lazy nudge pending (if any), and the
         # count at the latest end it stands for.
@@ -223,13 +236,14 @@ class StoreActivities:
             Whether a nudge was sent, and the admission if it was handed over (or had
             been, by an earlier attempt of this call).
         """
-        fut = self.waiters.add(inp.tenant, inp.action_id) if inp.wait_s > 0 else None
+        wait_s = inp.wait_s if self.admit_wait_s is None or inp.wait_s <= 0 else self.admit_wait_s
+        fut = self.waiters.add(inp.tenant, inp.action_id) if wait_s > 0 else None
         try:
             nudged = await self.put_lease(inp)
             if not nudged and fut is None:
                 return PutLeaseOutput(nudged=False)
             if fut is not None:
-                await asyncio.wait({fut}, timeout=inp.wait_s)
+                await asyncio.wait({fut}, timeout=wait_s)
                 self.waiters.remove(inp.tenant, inp.action_id)
                 if fut.done() and not fut.cancelled():
                     return PutLeaseOutput(nudged=nudged, admission=fut.result())

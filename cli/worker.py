@@ -66,8 +66,20 @@ _fleet_option = click.option(
     default=None,
     help="The control plane's store (SQLAlchemy URL). [env HEADWAY_DATABASE_URL]",
 )
+@click.option(
+    "--admit-wait",
+    "admit_wait_s",
+    envvar="HEADWAY_ADMIT_WAIT_S",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds an action's first workflow task waits on this worker for its admission"
+    " before falling back to a signal (0: never wait). [env HEADWAY_ADMIT_WAIT_S;"
+    " default 2]",
+)
 @click.pass_context
-def control_plane(ctx: click.Context, fleet_path: str | None, database_url: str | None) -> None:
+def control_plane(
+    ctx: click.Context, fleet_path: str | None, database_url: str | None, admit_wait_s: float | None
+) -> None:
     """The control plane: shard schedulers, action workflows and their activities."""
     cfg = settings(ctx)
     fleet = load_fleet(fleet_path)
@@ -82,7 +94,11 @@ def control_plane(ctx: click.Context, fleet_path: str | None, database_url: str 
         poller = asyncio.create_task(telemetry.poll_schedulers(client, stop=stop))
         try:
             await run_control_plane_worker(
-                client, database_url=database_url, fleet=list(fleet.clusters), stop=stop
+                client,
+                database_url=database_url,
+                fleet=list(fleet.clusters),
+                stop=stop,
+                admit_wait_s=admit_wait_s,
             )
         finally:
             stop.set()

@@ -51,6 +51,7 @@ def build_control_plane_worker(
     fleet: Sequence[ClusterSpec] = (),
     *,
     task_queue: str = protocol.CONTROL_TASK_QUEUE,
+    admit_wait_s: float | None = None,
 ) -> Worker:
     """A Worker (not yet running) with the workflows and activities of the control plane.
 
@@ -59,6 +60,9 @@ def build_control_plane_worker(
         store: the lease store.
         fleet: clusters known up front; passed to a scheduler workflow when one starts.
         task_queue: override for tests.
+        admit_wait_s: how long an action's first task waits here for its admission
+            before it falls back to the admission signal (None: the action's own
+            ``ADMIT_WAIT_S``); see ``headway.activities.store``.
 
     Building one installs :mod:`headway.worker.sdk_fastpath` for the process.
     """
@@ -66,7 +70,7 @@ def build_control_plane_worker(
     # Waiters hold a workflow task slot while they wait: keep at most half the slots for
     # them so the scheduler's own tasks always find one.
     waiters = AdmissionWaiters(limit=WORKER_TUNING["max_concurrent_workflow_tasks"] // 2)
-    store_acts = StoreActivities(store, client, fleet, waiters)
+    store_acts = StoreActivities(store, client, fleet, waiters, admit_wait_s=admit_wait_s)
     dispatch = DispatchActivities(client, store=store, waiters=waiters)
     return Worker(
         client,
@@ -90,6 +94,7 @@ async def run_control_plane_worker(
     database_url: str | None = None,
     fleet: list[ClusterSpec] | None = None,
     stop: asyncio.Event | None = None,
+    admit_wait_s: float | None = None,
 ) -> None:
     """Run the control-plane worker until ``stop`` is set (or forever).
 
@@ -99,9 +104,10 @@ async def run_control_plane_worker(
             or SQLite under ``.headway/``.
         fleet: clusters known up front (the fleet file), handed to scheduler workflows.
         stop: set it to shut the worker down gracefully.
+        admit_wait_s: see :func:`build_control_plane_worker`.
     """
     store = LeaseStore(database_url)
-    worker = build_control_plane_worker(client, store, fleet or [])
+    worker = build_control_plane_worker(client, store, fleet or [], admit_wait_s=admit_wait_s)
     try:
         async with worker:
             await (stop.wait() if stop is not None else asyncio.Event().wait())

@@ -182,3 +182,17 @@ def test_console_script_exits_with_the_commands_code():
         [str(script), "--address", NOWHERE, "submit", "--cpu", "1"], capture_output=True, text=True
     )
     assert down.returncode == 1 and "cannot reach Temporal" in down.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        pytest.param("-1", "-1", id="negative"),
+        pytest.param("soon", "'soon'", id="not-a-number"),
+    ],
+)
+def test_control_plane_worker_rejects_a_bad_admit_wait_before_connecting(value, named):
+    result = invoke("worker", "control-plane", "--admit-wait", value)
+    assert result.exit_code != 0
+    assert "--admit-wait" in result.output and named in result.output
+    assert "cannot reach" not in result.output

@@ -9,6 +9,7 @@ import pytest
 from headway import protocol
 from headway.protocol import DemandRequest, SubmitRequest
 from headway.store import WANTS_ENDS_CHANNEL
+from headway.worker.control_plane import build_control_plane_worker
 from headway.workflows import client as hw
 from temporalio.client import Client, WorkflowUpdateFailedError
 
@@ -173,6 +174,34 @@ async def test_scheduler_keeps_wants_ends_while_work_waits(plane: Plane, tenant:
     # w1's end comes lazily, and its sync says that nothing waits any more.
     await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
     await eventually(lambda: not plane.store.flag(tenant, WANTS_ENDS_CHANNEL))
+
+
+@pytest.mark.parametrize(
+    ("admit_wait_s", "signals"),
+    [
+        pytest.param(None, 0, id="admission-handed-over-in-the-first-task"),
+        pytest.param(0.0, 1, id="admit-wait-0-admission-comes-by-signal"),
+    ],
+)
+async def test_admit_wait_is_the_workers_choice(
+    plane: Plane, tenant: str, admit_wait_s: float | None, signals: int
+) -> None:
+    await plane.stop_control()
+    worker = build_control_plane_worker(
+        plane.client, plane.store, plane.fleet, admit_wait_s=admit_wait_s
+    )
+    async with worker:
+        await setup_queue(plane, tenant)
+        h = await hw.submit(plane.client, req(tenant, "aw"))
+        assert (await hw.wait_result(h)).state == "succeeded"
+        events = [e async for e in h.fetch_history_events()]
+    admits = [
+        e
+        for e in events
+        if e.HasField("workflow_execution_signaled_event_attributes")
+        and e.workflow_execution_signaled_event_attributes.signal_name == protocol.ADMIT_SIGNAL
+    ]
+    assert len(admits) == signals
 
 
 async def _state_is(plane: Plane, tenant: str, action_id: str, state: str) -> bool:
