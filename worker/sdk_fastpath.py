@@ -57,9 +57,14 @@ def _wrap(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
 
 
 def _empty_metrics() -> Any:
+    return _metrics_class()()
+
+
+@functools.cache
+def _metrics_class() -> Any:
     import temporalio.converter._extstore as extstore
 
-    return extstore.StorageOperationMetrics()
+    return extstore.StorageOperationMetrics
 
 
 def _compatible() -> bool:
