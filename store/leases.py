@@ -12,9 +12,11 @@ primitives:
   that find the flag already set stay silent: a nudge is already on its way or the
   scheduler knows the queue has more.
 * :meth:`LeaseStore.sync` (called by the scheduler workflow through a local activity)
-  clears the flags of the channels it reads, claims up to ``room`` pending leases per
-  queue and every unclaimed end, in one transaction, under a deterministic token, so a
-  retried sync returns exactly what the first attempt claimed.
+  clears every set flag, claims up to ``room`` pending leases per queue and every
+  unclaimed end, and sets the flag again of each queue it leaves leases behind in (the
+  scheduler comes back for those by itself, so their submitters may stay silent), in one
+  transaction, under a deterministic token, so a retried sync returns exactly what the
+  first attempt claimed.
 
 Ends nothing waits for are announced lazily. An end matters to a decision only when
 work waits (for the capacity, slot or quota it frees): any sync hands the scheduler every
@@ -176,6 +178,12 @@ class _Prepared:
                 .order_by(flags.c.tenant, flags.c.channel)
                 .with_for_update()
             )
+        dirty_q: Any = select(flags.c.channel).where(
+            (flags.c.tenant == t) & flags.c.dirty.is_(True) & flags.c.channel.like("q:%")
+        )
+        if dialect == "postgresql":
+            dirty_q = dirty_q.with_for_update()
+        self.dirty_queue_flags = dirty_q.order_by(flags.c.channel)
         self.flag_value = select(flags.c.dirty).where(
             (flags.c.tenant == t) & (flags.c.channel == bindparam("c"))
         )
@@ -552,6 +560,48 @@ class LeaseStore:
                 waiting); None leaves the flag as it is.
         """
         with self._lock, self.engine.begin() as conn:
+            prior = self._claimed_by(conn, tenant, token)
+            if prior is not None:  # this very sync committed before (forget included)
+                prior.more = self._pending_queues(conn, tenant)
+                return prior
+            prep = self._prep
+            out = SyncResult()
+            # Flags first, lease rows last: group commits lock in the same order (see
+            # _lock_flags), so the two never deadlock on PostgreSQL.
+            if wants_ends is not None:
+                self._set_flag(conn, tenant, WANTS_ENDS_CHANNEL, wants_ends)
+            self._clear(conn, tenant, DONE_CHANNEL)
+            # Every set queue flag is cleared before the scan below reads leases (what a
+            # submitter commits after that nudges by itself), and set again only for a
+            # queue this sync leaves leases behind in: the scheduler comes back for
+            # those by itself. A flag with nothing behind it (its lease was cancelled
+            # before its claim) must not stay set, or the queue's next submitter would
+            # stay silent.
+            dirty = [r[0][2:] for r in conn.execute(prep.dirty_queue_flags, {"t": tenant})]
+            for queue in dirty:
+                self._clear(conn, tenant, queue_channel(queue))
+            ids = [r[0] for r in conn.execute(prep.done_ids, {"t": tenant, "n": max_done + 1})]
+            out.more_done = len(ids) > max_done
+            ids = ids[:max_done]
+            budget = max_leases
+            claims: list[int] = []
+            more: list[str] = []
+            for queue in self._pending_queues(conn, tenant):
+                want = min(room.get(queue, default_room), budget)
+                if want <= 0:
+                    more.append(queue)
+                    continue
+                rows = conn.execute(
+                    prep.pending_ids, {"t": tenant, "q": queue, "n": want + 1}
+                ).all()
+                got = [r[0] for r in rows[:want]]
+                if len(rows) > want:
+                    more.append(queue)
+                claims += got
+                budget -= len(got)
+            for queue in sorted(set(dirty) & set(more)):  # rows locked above already
+                self._flip_row(conn, tenant, queue_channel(queue))
+            # Lease rows.
             if forget:
                 conn.execute(
                     delete(LeaseRow).where(
@@ -563,51 +613,13 @@ class LeaseStore:
                         (AdmissionRow.tenant == tenant) & AdmissionRow.action_id.in_(list(forget))
                     )
                 )
-            prior = self._claimed_by(conn, tenant, token)
-            if prior is not None:
-                prior.more = self._pending_queues(conn, tenant)
-                return prior
-            prep = self._prep
             # Ends the scheduler applied in an earlier sync are durable in its history.
             conn.execute(prep.collected_delete, {"t": tenant, "tok": token})
-            out = SyncResult()
-            if wants_ends is not None:
-                self._set_flag(conn, tenant, WANTS_ENDS_CHANNEL, wants_ends)
-            self._clear(conn, tenant, DONE_CHANNEL)
-            ids = [r[0] for r in conn.execute(prep.done_ids, {"t": tenant, "n": max_done + 1})]
-            out.more_done = len(ids) > max_done
-            ids = ids[:max_done]
             if ids:
                 conn.execute(prep.claim_done, {"ids": ids, "tok": token})
                 out.done = [[a, str(d)] for a, d in conn.execute(prep.done_rows, {"ids": ids})]
-            budget = max_leases
-            # Every queue given room is read, so its flag is cleared first, before the
-            # scan below: also the flag of a queue whose leases are all gone by now (a
-            # lease cancelled before its claim leaves the flag behind, and a flag left
-            # set would keep the queue's next submitter silent).
-            cleared = sorted(q for q, n in room.items() if n > 0)
-            for queue in cleared:
-                self._clear(conn, tenant, queue_channel(queue))
-            # A queue is "more" only if this sync left visible leases behind: leases
-            # committed after its flag was cleared will nudge by themselves.
-            more: list[str] = []
-            for queue in self._pending_queues(conn, tenant):
-                want = min(room.get(queue, default_room), budget)
-                if want <= 0:
-                    more.append(queue)
-                    continue
-                if queue not in room:  # unknown to the scheduler: read at default room
-                    self._clear(conn, tenant, queue_channel(queue))
-                rows = conn.execute(
-                    prep.pending_ids, {"t": tenant, "q": queue, "n": want + 1}
-                ).all()
-                got = [r[0] for r in rows[:want]]
-                if len(rows) > want:
-                    more.append(queue)
-                if not got:
-                    continue
-                conn.execute(prep.claim, {"ids": got, "tok": token})
-                budget -= len(got)
+            if claims:
+                conn.execute(prep.claim, {"ids": claims, "tok": token})
             out.leases = self._leases_claimed(conn, tenant, token)
             out.more = more
             return out

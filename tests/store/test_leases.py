@@ -46,8 +46,14 @@ def test_only_the_first_submitter_nudges_until_the_scheduler_reads(
     assert [d["id"] for d in res.leases] == [f"a{i}" for i in range(10)]
     assert res.leases[0]["workflow_id"] == "wf-a0" and res.leases[3]["submit"] == 3.0
     assert res.more == ["q"]
+    # Leases are left behind: the scheduler comes back for them by itself, and a new
+    # one could not be claimed before them anyway, so the flag stays set.
+    assert store.flag(tenant, queue_channel("q")) is True
+    assert put(store, tenant, 50) is False
+    res = store.sync(tenant, "run:2", {"q": 100})
+    assert len(res.leases) == 41 and res.more == []
     assert store.flag(tenant, queue_channel("q")) is False
-    assert put(store, tenant, 50) is True  # the scheduler read the queue: nudge again
+    assert put(store, tenant, 51) is True  # the scheduler read the queue dry: nudge again
 
 
 def test_full_window_keeps_flag_set_so_submitters_stay_silent(
@@ -57,6 +63,18 @@ def test_full_window_keeps_flag_set_so_submitters_stay_silent(
     res = store.sync(tenant, "run:1", {"q": 0})
     assert res.leases == [] and res.more == ["q"]
     assert put(store, tenant, 1) is False
+
+
+def test_a_full_window_whose_leases_were_all_cancelled_leaves_no_flag_behind(
+    store: LeaseStore, tenant: str
+) -> None:
+    """The scheduler gives the queue no room (its window is full) and finds nothing
+    pending: the flag is cleared, though the queue is not read."""
+    assert put(store, tenant, 0) is True
+    assert store.finish_lease(tenant, "a0", "cancelled") is Nudge.NONE
+    res = store.sync(tenant, "run:1", {"q": 0})
+    assert res.leases == [] and res.more == []
+    assert put(store, tenant, 1) is True  # else a1 would wait for a refill never due
 
 
 def test_retried_sync_returns_the_same_claims(store: LeaseStore, tenant: str) -> None:
