@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,20 @@ def spec(i: int, queue: str = "q") -> dict[str, object]:
 
 def put(store: LeaseStore, tenant: str, i: int, queue: str = "q") -> bool:
     return store.put_lease(tenant, f"a{i}", queue, f"wf-a{i}", spec(i, queue), float(i))
+
+
+def sync_beside(threads: list[threading.Thread], step: Callable[[int], object]) -> int:
+    """Start ``threads``; call ``step(1)``, ``step(2)``, ... while any runs. Returns the
+    number of steps (the next sync token number is one more)."""
+    for t in threads:
+        t.start()
+    n = 0
+    while any(t.is_alive() for t in threads):
+        n += 1
+        step(n)
+    for t in threads:
+        t.join()
+    return n
 
 
 def test_only_the_first_submitter_nudges_until_the_scheduler_reads(
@@ -180,14 +194,12 @@ def test_concurrent_finishers_never_lose_a_wakeup_while_work_waits(
 
     threads = [threading.Thread(target=finish, args=(k * 40, k * 40 + 40)) for k in range(4)]
     collected: list[str] = []
-    for t in threads:
-        t.start()
-    n = 0
-    while any(t.is_alive() for t in threads):
-        n += 1
-        collected += [a for a, _ in store.sync(tenant, f"r:{n}", {}, wants_ends=True).done]
-    for t in threads:
-        t.join()
+    sync_beside(
+        threads,
+        lambda n: collected.extend(
+            a for a, _ in store.sync(tenant, f"r:{n}", {}, wants_ends=True).done
+        ),
+    )
     # Ends left for one more sync must have been announced: the first of them after
     # the previous sync's clear was told to nudge.
     rest = [a for a, _ in store.sync(tenant, "r:last", {}, wants_ends=True).done]
@@ -227,14 +239,10 @@ def test_concurrent_submitters_never_lose_a_wakeup(store: LeaseStore, tenant: st
 
     threads = [threading.Thread(target=submit, args=(k * 40, k * 40 + 40)) for k in range(4)]
     claimed: list[str] = []
-    for t in threads:
-        t.start()
-    n = 0
-    while any(t.is_alive() for t in threads):
-        n += 1
-        claimed += [d["id"] for d in store.sync(tenant, f"r:{n}", {"q": 7}).leases]
-    for t in threads:
-        t.join()
+    n = sync_beside(
+        threads,
+        lambda n: claimed.extend(d["id"] for d in store.sync(tenant, f"r:{n}", {"q": 7}).leases),
+    )
     # After the last submitter, a nudge or the "more" answer must lead to the rest.
     while True:
         n += 1
@@ -398,15 +406,14 @@ def test_workers_batching_several_queues_in_any_order_never_deadlock(
             errors.append(err)
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    claimed = 0
-    n = 0
-    while any(t.is_alive() for t in threads):
-        n += 1
-        claimed += len(store.sync(tenant, f"r:{n}", dict.fromkeys(queues, 50)).leases)
-    for t in threads:
-        t.join()
+    claims: list[int] = []
+    n = sync_beside(
+        threads,
+        lambda n: claims.append(
+            len(store.sync(tenant, f"r:{n}", dict.fromkeys(queues, 50)).leases)
+        ),
+    )
+    claimed = sum(claims)
     while True:
         n += 1
         res = store.sync(tenant, f"r:{n}", dict.fromkeys(queues, 1000), max_leases=10_000)
