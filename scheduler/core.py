@@ -54,6 +54,9 @@ _INF = float("inf")
 _POS = attrgetter("pos")
 _BY_TIME_SEQ = itemgetter(0, 1)
 _FIRST = itemgetter(0)
+# Fewer clusters than this: ``Scheduler._reserve`` walks them all (keeping the walk costs
+# more than it saves), and ``Scheduler._base_order`` sorts them afresh.
+_SCAN_MIN = 4
 # ``Scheduler._scan``'s answer: the earliest fit (time, cluster, EASY extra), and the
 # clusters to hold.
 _ScanOut = tuple[tuple[float, ClusterState, ClusterState | None] | None, list[str]]
@@ -1764,7 +1767,7 @@ class Scheduler:
         carries capacity changes cheaply, see ``_base_order``) when ``names`` is a
         good part of it."""
         clusters = self.clusters
-        if 8 * len(names) < len(clusters):
+        if 8 * len(names) < len(clusters) or len(clusters) <= _SCAN_MIN:
             return min((clusters[n] for n in names), key=_order_key)
         for c in self._base_order(None, None):
             if c.name in names:
@@ -2042,7 +2045,7 @@ class Scheduler:
         if hit is not None:
             if hit[0] == cap_end:
                 return hit[1]
-            moved = self._soft_since(hit[0], len(hit[1]) // 4)
+            moved = self._soft_since(hit[0], len(hit[1]) // 4) if hit[2] else None
             if moved is not None:
                 # Only the clusters in ``moved`` changed, and only in free capacity: the
                 # same clusters, the others keep their keys. Keys are unique (the name
@@ -2072,6 +2075,10 @@ class Scheduler:
                 )
                 if c.healthy
             ]
+        if len(elig) <= _SCAN_MIN:
+            base = sorted(elig, key=_order_key)
+            self._orders[sel] = (cap_end, base, [], {})
+            return base
         # ``_placement_order(elig, None)``, keeping the keys.
         pairs = sorted([(_order_key(c), c) for c in elig], key=_FIRST)
         base = [c for _, c in pairs]
@@ -2394,7 +2401,7 @@ class Scheduler:
             if hit is None or hit[0] != cap_end:
                 base = self._base_order(q.spec.clusters, v.elig)
                 moved = None
-                if hit is not None:
+                if hit is not None and len(base) > _SCAN_MIN:
                     moved = self._soft_since(hit[0], len(base) // 4)
                     had = hit[2]
                 if moved is None:
@@ -2529,11 +2536,13 @@ class Scheduler:
         """The clusters of ``order`` (a ``_cands`` list) that no hold of this pass
         names, in order. Holds only come within a pass: their count dates the answer."""
         n = len(self._holds)
+        if not n:
+            return order
         hit = self._unheld_cache.get(nr_key)
         if hit is not None and hit[0] is order and hit[1] == n:
             return hit[2]
         holds = self._holds
-        out = [c for c in order if c.name not in holds] if n else order
+        out = [c for c in order if c.name not in holds]
         self._unheld_cache[nr_key] = (order, n, out)
         return out
 
@@ -2672,23 +2681,28 @@ class Scheduler:
         held: list[str] = []
         env = head.env if not head.env_declared else None
         if self.incremental and not (env and self.undeclared_env.get(env)):
-            best, held = self._scan(sel, elig, runs, dkey, now, easy)
-            for n in held:
-                self._hold(n, head.id)
+            if len(elig) > _SCAN_MIN:
+                best, held = self._scan(sel, elig, runs, dkey, now, easy)
+                for n in held:
+                    self._hold(n, head.id)
+                order = []
+            else:
+                order = self._base_order(sel, elig)
         else:
-            for c in self._placement_order(elig, env):
-                if not c.known or not self._could(c, runs, dkey):
-                    continue
-                fit = self._earliest_fit(c, runs, now, easy, dkey)
-                if fit is None:
-                    # A running action with no estimate: the reservation cannot be
-                    # computed, so the head holds this cluster as under strict.
-                    self._hold(c.name, head.id)
-                    held.append(c.name)
-                    continue
-                t, extra = fit
-                if best is None or t < best[0]:
-                    best = (t, c, extra)
+            order = self._placement_order(elig, env)
+        for c in order:
+            if not c.known or not self._could(c, runs, dkey):
+                continue
+            fit = self._earliest_fit(c, runs, now, easy, dkey)
+            if fit is None:
+                # A running action with no estimate: the reservation cannot be
+                # computed, so the head holds this cluster as under strict.
+                self._hold(c.name, head.id)
+                held.append(c.name)
+                continue
+            t, extra = fit
+            if best is None or t < best[0]:
+                best = (t, c, extra)
         self._vresv = _ResvRecord(
             runs,
             dkey,
