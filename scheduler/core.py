@@ -957,16 +957,19 @@ class Scheduler:
         a.env_declared = env is not None
         if env is not None and action.environment not in self.envs:
             check = sort_pods(env.footprint)
+            ck = self._dkey(check)
+            cr = runs_of(check)
+            need = Usage.of(check)
         elif env is not None:
             check = ()
         else:
-            check = pods
+            # The action's own demand, keyed and grouped already (a long gang of one
+            # pod object is scanned once, not once per helper).
+            check, ck, cr, need = pods, a.dkey, a.runs, a.usage
         if check:
-            ck = self._dkey(check)
             mr = spec.max_resources
-            if mr is not None and mr.exceeded_by(_ZERO, Usage.of(check)):
+            if mr is not None and mr.exceeded_by(_ZERO, need):
                 return Reason.Unschedulable
-            cr = runs_of(check)
             if not any(self._could(c, cr, ck) for c in self._eligible(q, healthy_only=False)):
                 return Reason.Unschedulable
         self.run_accepted[run] = self.run_accepted.get(run, 0) + 1
@@ -1066,6 +1069,8 @@ class Scheduler:
 
     def expire_environments(self, now: float) -> list[str]:
         """Tear down idle environments whose ``idle_ttl`` has passed. Returns their names."""
+        if not self.envs:
+            return []  # the common case (an SWF trace): asked at every instant
         gone = []
         for name, inst in list(self.envs.items()):
             if inst.active == 0 and inst.expires_at is not None and inst.expires_at <= now:
@@ -1083,6 +1088,8 @@ class Scheduler:
 
     def next_wakeup(self) -> float | None:
         """The earliest time at which ``schedule`` must run again without an event."""
+        if not self.envs:
+            return None
         ts = [
             i.expires_at for i in self.envs.values() if i.active == 0 and i.expires_at is not None
         ]
