@@ -177,13 +177,19 @@ class ClusterState:
             k = 0
             for pod, n in runs:
                 pc, pm, pe, pg = pod.cpu, pod.memory, pod.eph, pod.gpu
-                for j in range(k, k + n):
-                    i = nodes[j]
-                    if 0 <= i < n_nodes:
-                        fc[i] += pc
-                        fm[i] += pm
-                        fe[i] += pe
-                        fg[i] += pg
+                if pm or pe or pg:
+                    for j in range(k, k + n):
+                        i = nodes[j]
+                        if 0 <= i < n_nodes:
+                            fc[i] += pc
+                            fm[i] += pm
+                            fe[i] += pe
+                            fg[i] += pg
+                else:
+                    # CPU only (an SWF job's pods): one vector moves.
+                    for i in nodes[k : k + n]:
+                        if 0 <= i < n_nodes:
+                            fc[i] += pc
                 k += n
         return fc, fm, fe, fg
 

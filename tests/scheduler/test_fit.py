@@ -256,3 +256,38 @@ def test_give_restores_state_and_groups_as_regrouped(runs: tuple[tuple[Pod, int]
     assert _state(c) == _state(mid)  # groups as a fresh regroup makes them
     c.give(runs, nodes)
     assert _state(c) == before
+
+
+# --- released: the free vectors with gangs given back (projections read them) -----------
+
+CPU_ONLY = Pod(cpu=1000)
+MIXED = Pod(cpu=2000, memory=8 * GI, gpu=1, gpu_type="H200")
+
+
+@pytest.mark.parametrize(
+    ("runs", "nodes"),
+    [
+        pytest.param(((CPU_ONLY, 3),), [0, 1, 2], id="cpu-only-pods-one-per-node"),
+        pytest.param(((CPU_ONLY, 4),), [3, 3, 3, 3], id="cpu-only-pods-stacked-on-one-node"),
+        pytest.param(((MIXED, 2),), [1, 2], id="pods-of-every-dimension"),
+        pytest.param(((MIXED, 1), (CPU_ONLY, 2)), [0, 0, 1], id="a-gang-of-both-kinds"),
+        pytest.param(((CPU_ONLY, 3),), [0, -1, 9], id="nodes-a-report-dropped-are-skipped"),
+        pytest.param(((MIXED, 2),), [-1, 1], id="a-dropped-node-of-a-mixed-gang"),
+    ],
+)
+def test_released_gives_back_every_dimension_a_pod_uses(
+    runs: tuple[tuple[Pod, int], ...], nodes: list[int]
+) -> None:
+    c = cluster(("g", 4, gpu_node(4, cpu=8)))
+    c.take(((MIXED, 1),), [2])  # free vectors that differ node by node
+    before = (c.fcpu[:], c.fmem[:], c.feph[:], c.fgpu[:])
+    want = [v[:] for v in before]
+    k = 0
+    for p, n in runs:
+        for i in nodes[k : k + n]:
+            if 0 <= i < 4:
+                for v, d in zip(want, (p.cpu, p.memory, p.eph, p.gpu), strict=True):
+                    v[i] += d
+        k += n
+    assert [list(v) for v in c.released([(runs, nodes)])] == want
+    assert (c.fcpu, c.fmem, c.feph, c.fgpu) == before  # the cluster itself is untouched
