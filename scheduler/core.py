@@ -1669,9 +1669,7 @@ class Scheduler:
                             got = with_own if after else upr
                             if not got or self._allowed(a, now, got, e.runs, c) is not None:
                                 return False  # it would start there
-                    elif not upr or any(
-                        self._allowed(a, now, upr, e.runs, c) is not None for a in e.acts
-                    ):
+                    elif not upr or self._any_allowed(e.acts, now, upr, e.runs, c):
                         return False  # it would start there
                 rooms.add(name)
             if not rooms:
@@ -1767,6 +1765,32 @@ class Scheduler:
             else:
                 views.pop(n, None)
         return True
+
+    def _any_allowed(
+        self,
+        acts: list[_Action],
+        now: float,
+        rs: list[_Reservation],
+        runs: Runs,
+        c: ClusterState,
+    ) -> bool:
+        """Would any of ``acts`` be allowed on ``c`` under ``rs`` (``_allowed``)?
+
+        An action enters ``_allowed`` only through its estimate: the declared one, or
+        its task's history (fixed within a pass). Actions alike in that get the same
+        answer and note the same (clock horizons, the history read), so each such
+        estimate is asked once.
+        """
+        seen: set[tuple[float | None, str | None]] = set()
+        for a in acts:
+            d = a.spec.estimate
+            k = (d, a.task if d is None else None)
+            if k in seen:
+                continue
+            seen.add(k)
+            if self._allowed(a, now, rs, runs, c) is not None:
+                return True
+        return False
 
     def _first_of(self, names: set[str]) -> ClusterState:
         """The cluster of ``names`` (healthy ones, at least one) first in placement

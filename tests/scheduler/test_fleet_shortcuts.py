@@ -240,3 +240,57 @@ def _drive_fleet(seed: int, incremental: bool) -> list[Any]:
 @pytest.mark.parametrize("seed", range(80))
 def test_a_small_benchmark_fleet_matches_the_plain_loop(seed: int) -> None:
     assert _drive_fleet(700000 + seed, True) == _drive_fleet(700000 + seed, False)
+
+
+# --- a re-check asks each estimate once --------------------------------------------
+#
+# Two actions of one demand wait on a full cluster behind a backfill head's reservation
+# there, their fits alike; neither declares an estimate, and their tasks' histories
+# differ (a short and a long run). When room comes back, the re-check must ask the
+# reservation about each history: the short one backfills, the long one does not.
+
+
+def _histories_run(incremental: bool) -> list[Any]:
+    clusters = [
+        ClusterSpec("x", (NodeGroup("g", 3, NODE),)),
+        ClusterSpec("h", (NodeGroup("g", 1, NODE),)),
+    ]
+    queues = [
+        QueueSpec("fill", priority=Priority.critical, clusters=("x",)),
+        QueueSpec("hist", priority=Priority.critical, clusters=("h",)),
+        QueueSpec("u", priority=Priority.high, algorithm=Algorithm.backfill, clusters=("x",)),
+        QueueSpec("g", priority=Priority.medium, algorithm=Algorithm.greedy, clusters=("x",)),
+    ]
+    s = Scheduler(clusters, queues, incremental=incremental)
+    for i, est in enumerate([40_000.0, 50_000.0, 60_000.0]):
+        s.submit(ActionSpec(f"F{i}", "fill", (NODE,), submit=0.0, seq=i, estimate=est), 0.0)
+    s.submit(ActionSpec("hA", "hist", (NODE,), task="tA", submit=0.0, seq=5), 0.0)
+    log: list[Any] = [s.schedule(0.0)]
+    s.finish("hA", 5.0)  # task tA: 5 s
+    s.submit(ActionSpec("hB", "hist", (NODE,), task="tB", submit=5.0, seq=6), 5.0)
+    log.append(s.schedule(5.0))
+    s.finish("hB", 30_005.0)  # task tB: 30,000 s
+    s.submit(
+        ActionSpec("H", "u", replicas_demand(NODE, 2), submit=30_006.0, seq=7, estimate=10.0),
+        30_006.0,
+    )
+    # B first: its answer (not allowed) must not stand for A's.
+    s.submit(ActionSpec("B", "g", (NODE,), task="tB", submit=30_006.0, seq=8), 30_006.0)
+    s.submit(ActionSpec("A", "g", (NODE,), task="tA", submit=30_006.0, seq=9), 30_006.0)
+    log.append(s.schedule(30_006.0))  # H reserves x at 50,000; A and B find no room
+    log.append(_why(s))
+    s.finish("F2", 30_007.0, record=False)
+    log.append(s.schedule(30_007.0))  # A ends by 50,000: it starts; B would not
+    log.append(_why(s))
+    return log
+
+
+def test_a_recheck_asks_the_reservation_about_each_history() -> None:
+    fast = _histories_run(True)
+    assert fast == _histories_run(False)
+    assert [a.action_id for a in fast[4]] == ["A"]
+    # B was turned away by the reservation, then found no room (A took the node).
+    assert {i: [str(r) for r in rs] for i, _, rs in fast[5]}["B"] == [
+        "NoClusterCapacity",
+        "BackfillWindow",
+    ]
