@@ -9,13 +9,17 @@ Also measured, for transparency: "bare eager", the same workflow with its activi
 workflow's own task queue, which the SDK runs eagerly (no activity task through matching,
 no activity poll; measured here at ~10 ms less CPU per workflow). Headway cannot take
 that shortcut (cluster workers are other processes, on other task queues), so it is not
-the like-for-like baseline; ``ratio_vs_eager`` reports it anyway.
+the like-for-like baseline; ``ratio_vs_eager`` reports it anyway. And "bare
+unsandboxed": the bare workflow on a worker without the SDK's sandbox, as Headway's
+workflows run (``ratio_vs_unsandboxed``). The sandbox is the SDK's default, so ``ratio``
+keeps the workflow as a user writes it, but the sandbox costs that side ~3 ms of worker
+CPU per workflow, which Headway's workflows do not pay.
 
 The SDK fast path (``headway.worker.sdk_fastpath``: no payload walks without a codec)
 is process-wide: every side runs with it, bare included (``sdk_fastpath`` in the JSON).
 
 All sides run on one dev server this script starts, in 100 concurrent workflows each;
-rounds alternate bare / bare eager / headway after a warm-up round. Prints one JSON line
+rounds alternate bare / bare eager / bare unsandboxed / headway after a warm-up round. Prints one JSON line
 last (see ``/work/shared/specs/benchmarks.md``).
 
     python bench/e2e_throughput.py [--n 300] [--rounds 5]
@@ -44,9 +48,11 @@ from headway.worker import sdk_fastpath
 from headway.worker.control_plane import WORKER_TUNING, build_control_plane_worker
 from headway.workflows import client as hw
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 BARE_QUEUE = "bench-bare"
+#: The same bare workflow on a worker without the SDK's sandbox, as Headway's run.
+BARE_UNSANDBOXED_QUEUE = "bench-bare-unsandboxed"
 #: The bare workflow's activity worker (Headway's counterpart: the cluster worker).
 BARE_ACTIVITY_QUEUE = "bench-bare-activity"
 
@@ -61,15 +67,18 @@ async def gather_limited(coros: list[Coroutine[Any, Any, None]], limit: int = 10
     await asyncio.gather(*(one(c) for c in coros))
 
 
-async def bare_round(client: Client, n: int, tag: str, activity_queue: str | None) -> float:
-    """N bare workflows; ``activity_queue`` None runs their activity eagerly (see above)."""
+async def bare_round(
+    client: Client, n: int, tag: str, activity_queue: str | None, queue: str = BARE_QUEUE
+) -> float:
+    """N bare workflows on the worker of ``queue``; ``activity_queue`` None runs their
+    activity eagerly (see above)."""
     from _bare import BareWorkflow  # type: ignore[import-not-found]
 
     t0 = time.perf_counter()
 
     async def one(i: int) -> None:
         h = await client.start_workflow(
-            BareWorkflow.run, activity_queue, id=f"bare-{tag}-{i}", task_queue=BARE_QUEUE
+            BareWorkflow.run, activity_queue, id=f"bare-{tag}-{i}", task_queue=queue
         )
         await h.result()
 
@@ -144,6 +153,13 @@ async def main() -> None:
             ),
             Worker(
                 client,
+                task_queue=BARE_UNSANDBOXED_QUEUE,
+                workflows=[BareWorkflow],
+                workflow_runner=UnsandboxedWorkflowRunner(),
+                **WORKER_TUNING,
+            ),
+            Worker(
+                client,
                 task_queue=BARE_ACTIVITY_QUEUE,
                 activities=[noop],
                 max_concurrent_activities=500,
@@ -159,16 +175,22 @@ async def main() -> None:
             await hw.upsert_queue(client, tenant, {"name": "bench"}, fleet)
             await bare_round(client, args.n // 2, "warm", BARE_ACTIVITY_QUEUE)
             await bare_round(client, args.n // 2, "warm-eager", None)
+            await bare_round(
+                client, args.n // 2, "warm-unsb", BARE_ACTIVITY_QUEUE, BARE_UNSANDBOXED_QUEUE
+            )
             await headway_round(client, args.n // 2, tenant, "warm", [])
             bare: list[float] = []
             eager: list[float] = []
+            unsb: list[float] = []
             head: list[float] = []
             ratio: list[float] = []
             ratio_eager: list[float] = []
+            ratio_unsb: list[float] = []
             lat: list[float] = []
             # CPU ms per workflow / action: [worker+client process, dev server].
             cpu_bare: list[tuple[float, float]] = []
             cpu_eager: list[tuple[float, float]] = []
+            cpu_unsb: list[tuple[float, float]] = []
             cpu_head: list[tuple[float, float]] = []
             for r in range(args.rounds):
                 c0 = meter.read()
@@ -176,18 +198,26 @@ async def main() -> None:
                 c1 = meter.read()
                 e = await bare_round(client, args.n, f"r{r}-eager", None)
                 c2 = meter.read()
-                h, c3 = await headway_round(client, args.n, tenant, f"r{r}", lat, meter)
+                u = await bare_round(
+                    client, args.n, f"r{r}-unsb", BARE_ACTIVITY_QUEUE, BARE_UNSANDBOXED_QUEUE
+                )
+                c3 = meter.read()
+                h, c4 = await headway_round(client, args.n, tenant, f"r{r}", lat, meter)
                 cpu_bare.append(per_item(c0, c1, args.n))
                 cpu_eager.append(per_item(c1, c2, args.n))
-                cpu_head.append(per_item(c2, c3, args.n))
+                cpu_unsb.append(per_item(c2, c3, args.n))
+                cpu_head.append(per_item(c3, c4, args.n))
                 bare.append(b)
                 eager.append(e)
+                unsb.append(u)
                 head.append(h)
                 ratio.append(h / b)
                 ratio_eager.append(h / e)
+                ratio_unsb.append(h / u)
                 print(
-                    f"round {r}: bare {b:.1f} wf/s (eager {e:.1f}), headway {h:.1f} actions/s,"
-                    f" ratio {h / b:.2f} (vs eager {h / e:.2f})"
+                    f"round {r}: bare {b:.1f} wf/s (eager {e:.1f}, unsandboxed {u:.1f}),"
+                    f" headway {h:.1f} actions/s, ratio {h / b:.2f}"
+                    f" (vs eager {h / e:.2f}, vs unsandboxed {h / u:.2f})"
                 )
             sched = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
             stats = await sched.query("stats")
@@ -204,6 +234,8 @@ async def main() -> None:
                 "ratio": summary(ratio),
                 "bare_eager_wf_per_s": summary(eager),
                 "ratio_vs_eager": summary(ratio_eager),
+                "bare_unsandboxed_wf_per_s": summary(unsb),
+                "ratio_vs_unsandboxed": summary(ratio_unsb),
                 "enqueue_to_admit_ms": {
                     "p50": round(pct(lat, 50), 1),
                     "p99": round(pct(lat, 99), 1),
@@ -216,6 +248,7 @@ async def main() -> None:
                     for side, cs in (
                         ("bare", cpu_bare),
                         ("bare_eager", cpu_eager),
+                        ("bare_unsandboxed", cpu_unsb),
                         ("headway", cpu_head),
                     )
                 },
