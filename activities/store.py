@@ -164,7 +164,8 @@ class StoreActivities:
         waiters: AdmissionWaiters | None = None,
         admit_wait_s: float | None = None,
     ) -> None:
-        """
+        """Activities over ``store``.
+
         Args:
             store: the lease store.
             client: connected client (nudges).
