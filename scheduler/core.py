@@ -1486,26 +1486,46 @@ class Scheduler:
         ok = True
         moved: tuple[ClusterState, float, ClusterState | None] | None = None
         own: tuple[str, _Reservation] | None = None
+        head_went = False
         if rec is not None:
             # The reservation the visit would make now, which its actions after the
             # head read where they find room. A head with room now would not reserve
             # (and projections assume none: see ``_carried``), so that goes first.
             clusters = self.clusters
+            holds = self._holds
             for n in changed:
                 c = clusters.get(n)
                 if c is not None and c.healthy and self._room(c, rec.dkey, rec.runs):
-                    ok = False
-                    break
-            else:
+                    head_went = True
+                    if n not in holds:
+                        # The head would start there, or be turned away by a
+                        # reservation (which it may fit beside): not told here.
+                        ok = False
+                        break
+            if not head_went:
                 ok, moved = self._resv_now(rec, changed, now, q.spec.clusters)
-            if ok and rec.where is not None and len(q.last_resv) == 1:
-                old_name, old = q.last_resv[0]
-                own = (
-                    (old_name, old)
-                    if moved is None
-                    else (moved[0].name, _Reservation(moved[1], moved[2], old.head, shared=True))
+                if ok and rec.where is not None and len(q.last_resv) == 1:
+                    old_name, old = q.last_resv[0]
+                    own = (
+                        (old_name, old)
+                        if moved is None
+                        else (
+                            moved[0].name,
+                            _Reservation(moved[1], moved[2], old.head, shared=True),
+                        )
+                    )
+            elif ok:
+                # The head is turned away where it now has room (every such cluster
+                # is held): see ``_new_head``.
+                ok = (
+                    not q.mixed
+                    and not rec.held
+                    and len(q.last_resv) == 1
+                    and self._classes_as_now(q)
+                    and self._evals_still(q, changed, now, None, head_went=True)
+                    and self._new_head(q, now)
                 )
-        if ok:
+        if ok and not head_went:
             ok = self._evals_still(q, changed, now, own)
         if ok and moved is not None:
             assert rec is not None
@@ -1521,6 +1541,73 @@ class Scheduler:
                 q.last_holds = ()
         self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
         return ok
+
+    def _new_head(self, q: _Queue, now: float) -> bool:
+        """A reserving queue whose head now has room on a changed cluster: would a visit
+        answer as the records (just checked with ``head_went``) say, and with which
+        head and reservation? Updates ``q``'s head and reservation if it would.
+
+        Only when every cluster where a fit of the queue finds room is held (from
+        above, or the check already failed): then no fit reads a reservation, the old
+        head's or a new one's, and every action's answer is its demand's (turned away
+        at the first cluster with room, or no room at all) wherever in the queue the
+        reservation is made. The old head is turned away, and reserves nothing; the
+        first action that finds no room anywhere (a fit of its own: a visit decides
+        each class's first member after a reservation) reserves instead, as
+        ``_reserve`` would now, at the state the visit would meet it in: what came
+        before the queue, nothing of its own.
+        """
+        holds = self._holds
+        for rs in q.rooms.values():
+            for n in rs:
+                if n not in holds:
+                    return False
+        head: _Action | None = None
+        he: _Eval | None = None
+        hk: tuple[float, int] | None = None
+        for e in q.evals:
+            if e.reason is Reason.NoClusterCapacity:
+                for a in e.acts:
+                    k = (a.submit, a.seq)
+                    if hk is None or k < hk:
+                        head, he, hk = a, e, k
+        if head is None or he is None:
+            return False  # none: no reservation at all (see ``_flip``)
+        # ``_reserve`` makes its holds and reservation as effects of the pass; the pass
+        # makes them again from the records (see ``_pass``): take them back here.
+        effects = self._effects
+        n_eff = len(effects)
+        diverged = self._diverged
+        vholds, vresv = self._vholds, self._vresv
+        self._vholds = []
+        self._reserve(
+            head,
+            he.runs,
+            he.dkey,
+            q.spec.clusters,
+            self._eligible(q),
+            now,
+            q.spec.algorithm is Algorithm.easy,
+        )
+        rec = self._vresv
+        made = effects[n_eff:]
+        del effects[n_eff:]
+        for x in reversed(made):
+            if x[0] == "h":
+                del holds[x[1]]
+            else:
+                on = self._resv[x[1]]
+                on.pop()
+                if not on:
+                    del self._resv[x[1]]
+        self._diverged = diverged
+        self._vholds, self._vresv = vholds, vresv
+        if rec is None or rec.held or rec.where is None or len(made) != 1:
+            return False
+        q.blocked_head = head.id
+        q.resv_rec = rec
+        q.last_resv = ((rec.where, made[0][5]),)
+        return True
 
     def _views_same(self, q: _Queue, changed: set[str] | frozenset[str]) -> bool:
         """Do the holds and reservations at the clusters where ``q``'s last visit found
@@ -1566,12 +1653,17 @@ class Scheduler:
         changed: set[str] | frozenset[str],
         now: float,
         own: tuple[str, _Reservation] | None = None,
+        head_went: bool = False,
     ) -> bool:
         """Would each of ``q``'s recorded fits end as it did, capacity having changed on
         ``changed``? (See ``_still``.) Updates the records if so.
 
         ``own``: the reservation the queue's head would make now (cluster, reservation),
         which binds the queue's actions after the head.
+
+        ``head_went``: a reserving queue's head now has room on a changed cluster, so it
+        no longer reserves (see ``_new_head``): its fit, and the others that found no
+        room, may find room now; none may lose it (the head would move back).
 
         The records are updated in place as the check goes: when it fails, the queue
         gets a full visit, which replaces them all.
@@ -1680,6 +1772,7 @@ class Scheduler:
                     # reserving queue's head (or one before it) would reserve.
                     if (
                         algo is Algorithm.strict
+                        or head_went
                         or not self._classes_as_now(q)
                         or (mixed and not self._alone(q, e, acted))
                     ):
@@ -1713,7 +1806,7 @@ class Scheduler:
                         return False  # see ``_flip``
                     head = q.blocked_head
                     for a in e.acts:
-                        if a.id == head:
+                        if a.id == head and not head_went:
                             return False
                 # Every cluster with room is a changed one, and turns it away (above):
                 # held, or reserved from above or by the queue's own head.
