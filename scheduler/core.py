@@ -1829,6 +1829,16 @@ class Scheduler:
                     k = dkeys[c.name]
                     if k < bk:
                         best, bk = c, k
+            elif first in rooms and e.fkey is not None and dkeys[first] <= e.fkey:
+                # The first cluster moved up in the order (it freed capacity): the
+                # others that did not change stay behind where it was, so the first
+                # now is the first of the changed ones (it among them).
+                best = clusters[first]
+                bk = dkeys[first]
+                for c in dr:
+                    k = dkeys[c.name]
+                    if k < bk:
+                        best, bk = c, k
             else:
                 best = self._first_of(rooms)
                 bk = _order_key(best)

@@ -463,3 +463,73 @@ def test_a_new_head_where_the_old_reservation_was_read_unheld_visits() -> None:
     got = {i: [str(r) for r in rs] for i, _, rs in fast[2]}
     assert got["S"] == ["BackfillWindow"]
     assert [a.action_id for a in fast[3]] == ["S"]
+
+
+# --- the first cluster moves up -----------------------------------------------------
+#
+# Clusters x and y, two nodes each, partly taken by fillers: x has more free CPU, so it
+# comes first in placement order. A strict gang holds x, a backfill gang reserves y. A
+# greedy one-node action L, long, is turned away at both: held at x first
+# (HeldForGang). A small filler on x ends (the re-check keeps x's place in the order),
+# then the others of the table: when x frees capacity it only moves up, and stays first
+# unless a cluster that changed with it moved further (the re-check then compares the
+# changed ones only); y overtaking gives BackfillWindow.
+
+FIRST_CASES = [
+    pytest.param(["X2"], ["HeldForGang"], id="the-first-moves-up-and-stays-first"),
+    pytest.param(["X2", "Y2"], ["HeldForGang", "BackfillWindow"],
+                 id="the-first-moves-up-another-changed-one-moves-past-it"),
+    pytest.param(["Y2"], ["HeldForGang", "BackfillWindow"],
+                 id="the-first-stays-another-moves-past-it"),
+    pytest.param(["X1"], ["HeldForGang"], id="the-first-frees-a-whole-node-and-stays-first"),
+]  # fmt: skip
+
+
+def _first_run(done: list[str], incremental: bool) -> list[Any]:
+    clusters = [ClusterSpec(n, (NodeGroup("g", 2, NODE),)) for n in ("x", "y")]
+    queues = [
+        QueueSpec("fill-x", priority=Priority.critical, clusters=("x",)),
+        QueueSpec("fill-y", priority=Priority.critical, clusters=("y",)),
+        QueueSpec("s", priority=Priority.high, algorithm=Algorithm.strict, clusters=("x",)),
+        QueueSpec("u", priority=Priority.high, algorithm=Algorithm.backfill, clusters=("y",)),
+        QueueSpec("g", priority=Priority.medium, algorithm=Algorithm.greedy),
+    ]
+    s = Scheduler(clusters, queues, incremental=incremental)
+    fill = [
+        ("X1", "x", 16_000),
+        ("X2", "x", 8_000),
+        ("X3", "x", 1_000),
+        ("Y1", "y", 12_000),
+        ("Y2", "y", 16_000),
+    ]
+    for i, (name, on, cpu) in enumerate(fill):
+        pod = Pod(cpu=cpu, memory=8 * GI)
+        s.submit(ActionSpec(name, f"fill-{on}", (pod,), submit=0.0, seq=i, estimate=1000.0), 0.0)
+    log: list[Any] = [s.schedule(0.0)]
+    log.append(sorted((a.action_id, a.cluster) for a in log[0]))
+    s.submit(ActionSpec("G", "s", replicas_demand(NODE, 2), submit=1.0, seq=10), 1.0)
+    s.submit(ActionSpec("H", "u", replicas_demand(NODE, 2), submit=1.0, seq=11, estimate=10.0), 1.0)
+    small = Pod(cpu=2_000, memory=8 * GI)
+    s.submit(ActionSpec("L", "g", (small,), submit=1.0, seq=12, estimate=5000.0), 1.0)
+    log.append(s.schedule(1.0))
+    # x moves up a little: a re-check finds x first again, and keeps its place.
+    s.finish("X3", 1.5)
+    log.append(s.schedule(1.5))
+    for a in done:
+        s.finish(a, 2.0)
+    log.append(s.schedule(2.0))
+    log.append(_why(s))
+    return log
+
+
+@pytest.mark.parametrize(("done", "reasons"), FIRST_CASES)
+def test_the_first_cluster_moving_up_matches_the_plain_loop(
+    done: list[str], reasons: list[str]
+) -> None:
+    fast = _first_run(done, True)
+    assert fast == _first_run(done, False)
+    # The fillers landed as the narrative says (x: the X ones, y: the Y ones).
+    assert [c for _, c in fast[1]] == ["x", "x", "x", "y", "y"]
+    assert fast[3] == fast[4] == []
+    got = {i: [str(r) for r in rs] for i, _, rs in fast[5]}
+    assert got["L"] == reasons
