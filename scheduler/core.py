@@ -1520,6 +1520,7 @@ class Scheduler:
                 ok = (
                     not q.mixed
                     and not rec.held
+                    and not q.last_holds
                     and len(q.last_resv) == 1
                     and self._classes_as_now(q)
                     and self._evals_still(q, changed, now, None, head_went=True)
