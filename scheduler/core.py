@@ -1425,12 +1425,8 @@ class Scheduler:
                 if hard:
                     return None
                 out.add(name)
-        # Most selectors saw none of the changes: the shared empty answer, not one new
-        # set per selector kept in the cache until the next pass (young objects a
-        # gen-0 collection walks).
-        got = out if out else _NO_CHANGE
-        self._chg_cache[ck] = got
-        return got
+        self._chg_cache[ck] = out
+        return out
 
     def _still(
         self,
