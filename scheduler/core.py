@@ -1230,7 +1230,7 @@ class Scheduler:
                         for cname, head in q.last_holds:
                             if cname not in holds:
                                 holds[cname] = head
-                                self._hold_effect(cname, head)
+                                self._effect(("h", cname, head, None, None))
                     for cname, r in q.last_resv:
                         self._reserve_on(cname, r)
                     q.cap_pos = cap_end
@@ -2145,50 +2145,15 @@ class Scheduler:
                 self._diverged = i
         self._effects.append(e)
 
-    def _hold_effect(self, cname: str, head: str) -> None:
-        """Record a hold as an effect of the pass (``_effect``).
-
-        Where the pass has not diverged from the last one, the last pass's own tuple
-        is taken again when it says the same: each new one would outlive the pass as
-        a young object (the effects are kept until the next pass), and every gen-0
-        collection walks those; a pass that changes nothing upstream makes none.
-        """
-        effects = self._effects
-        i = len(effects)
-        if self._diverged is None:
-            prev = self._prev_effects
-            if i < len(prev):
-                p = prev[i]
-                if p[0] == "h" and p[1] == cname and p[2] == head:
-                    effects.append(p)
-                    return
-        self._effect(("h", cname, head, None, None))
-
     def _hold(self, cname: str, head: str) -> None:
         self._vholds.append((cname, head))
         if cname not in self._holds:
             self._holds[cname] = head
-            self._hold_effect(cname, head)
+            self._effect(("h", cname, head, None, None))
 
     def _reserve_on(self, cname: str, r: _Reservation) -> None:
-        on = self._resv.get(cname)
-        if on is None:
-            self._resv[cname] = [r]
-        else:
-            on.append(r)
+        self._resv.setdefault(cname, []).append(r)
         ver = r.extra.version if r.extra is not None else -1
-        effects = self._effects
-        i = len(effects)
-        if self._diverged is None:
-            # The last pass's tuple, if the same (see ``_hold_effect``): the same
-            # reservation object at the same place (its time and head are never
-            # reassigned; its projection may be, when an admission uses it up).
-            prev = self._prev_effects
-            if i < len(prev):
-                p = prev[i]
-                if p[0] == "r" and p[5] is r and p[1] == cname and p[4] == ver:
-                    effects.append(p)
-                    return
         self._effect(("r", cname, r.time, r.head, ver, r))
 
     def _signature(self, q: _Queue) -> tuple[Any, ...]:
