@@ -550,8 +550,9 @@ class LeaseStore:
             tenant: the shard.
             token: unique per sync call of the scheduler (deterministic: run id + counter);
                 a retry with the same token returns exactly what the first attempt claimed.
-            room: free window slots per queue; a queue with 0 room is not read and its
-                flag is left set (so submitters stay silent until the window drains).
+            room: free window slots per queue; a queue with 0 room is not read, and its
+                flag ends set if it has pending leases (so submitters stay silent until
+                the window drains), clear if it has none.
             default_room: room of queues the scheduler does not know (to be rejected).
             max_leases: cap of leases per sync, to bound the activity result payload.
             max_done: cap of ends per sync.
