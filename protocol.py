@@ -202,7 +202,8 @@ ACTION_WORKFLOW = "ActionWorkflow"
 #: paths without ``workflow.patched`` calls: each patch call records a marker and upserts
 #: ``TemporalChangeVersion`` (one more visibility write per action, per patch). Inputs
 #: recorded before the field existed decode as revision 0 and replay through the patches.
-ACTION_REVISION = 1
+#: Revision 2 starts without search attributes and writes them once in the first task.
+ACTION_REVISION = 2
 SCHEDULER_WORKFLOW = "SchedulerWorkflow"
 
 #: Cluster-local activity, on ``cluster_task_queue(cluster)``: creates the action's pods

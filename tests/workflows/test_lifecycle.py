@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from headway import protocol
@@ -261,25 +264,38 @@ async def test_capacity_report_reconciles_reservations(plane: Plane, tenant: str
     await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
 
 
+def _upserted(hist: Any) -> list[dict[str, str]]:
+    """Each search-attribute upsert of a history, as {name: decoded value}."""
+    out = []
+    for e in hist.events:
+        if e.HasField("upsert_workflow_search_attributes_event_attributes"):
+            fields = e.upsert_workflow_search_attributes_event_attributes.search_attributes
+            out.append({k: json.loads(v.data) for k, v in fields.indexed_fields.items()})
+    return out
+
+
 @pytest.mark.parametrize(
-    ("revision", "patch_markers"),
+    ("revision", "patch_markers", "start_attrs"),
     [
-        pytest.param(None, 0, id="submit-stamps-today's-revision-no-patch-markers"),
-        pytest.param(0, 2, id="revision-0-input-takes-the-patched-path"),
+        pytest.param(None, 0, False, id="submit-stamps-today's-revision-attributes-in-first-task"),
+        pytest.param(1, 0, True, id="revision-1-input-starts-with-attributes-no-markers"),
+        pytest.param(0, 2, True, id="revision-0-input-takes-the-patched-path"),
     ],
 )
 async def test_revision_decides_the_path_without_patch_markers(
-    plane: Plane, tenant: str, revision: int | None, patch_markers: int
+    plane: Plane, tenant: str, revision: int | None, patch_markers: int, start_attrs: bool
 ) -> None:
     """Today's submissions skip ``workflow.patched`` (each call records a marker and
-    upserts TemporalChangeVersion); an input recorded before revisions still runs."""
+    upserts TemporalChangeVersion) and write their search attributes in the first task,
+    not at start; inputs recorded by older clients still run their own paths."""
     from headway.workflows.action import ActionWorkflow, start_attributes
 
     await setup_queue(plane, tenant)
     r = req(tenant, f"rev{revision}")
     if revision is None:
         h = await hw.submit(plane.client, r)
-    else:  # what an older client started: no revision in the input
+    else:  # what an older client started (revision 0: no revision in the input)
+        r = dataclasses.replace(r, revision=revision)
         sa, memo = start_attributes(r)
         h = await plane.client.start_workflow(
             ActionWorkflow.run,
@@ -298,8 +314,22 @@ async def test_revision_decides_the_path_without_patch_markers(
         if e.HasField("marker_recorded_event_attributes")
     ]
     assert markers.count("core_patch") == patch_markers
-    upserts = sum(
-        e.HasField("upsert_workflow_search_attributes_event_attributes") for e in hist.events
-    )
-    # admission and end, plus one TemporalChangeVersion upsert per patch
-    assert upserts == 2 + patch_markers
+    started = hist.events[0].workflow_execution_started_event_attributes
+    assert bool(started.search_attributes.indexed_fields) == start_attrs
+    assert started.memo.fields["queue"].data  # the memo is there from the start
+    upserts = [u for u in _upserted(hist) if "TemporalChangeVersion" not in u]
+    # Admission and end; today's revision adds a "waiting" write first only when the
+    # admission missed the first task (the in-process wait timed out).
+    waited = 1 if not start_attrs and upserts[0].get("HeadwayState") == "waiting" else 0
+    assert len(upserts) == 2 + waited
+    assert len(_upserted(hist)) == len(upserts) + patch_markers
+    if not start_attrs:
+        first = upserts[0]
+        assert first["HeadwayQueue"] == "default"
+        assert first["HeadwayTenant"] == tenant
+        assert first["HeadwayRun"] == r.action_id
+    desc = await h.describe()
+    from headway.workflows.action import SA
+
+    assert desc.typed_search_attributes.get(SA["HeadwayState"]) == "succeeded"
+    assert desc.typed_search_attributes.get(SA["HeadwayQueue"]) == "default"

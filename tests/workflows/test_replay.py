@@ -45,6 +45,10 @@ def load(name: str) -> WorkflowHistory:
         # ... and with lazy ends (``wants-ends`` kept by the scheduler): a waiting action
         # makes it sync at once to say so.
         "scheduler_lazyends",
+        # ... and revision 2 inputs: no search attributes at start, written once in the
+        # first task (with the state that task reached).
+        "action_ok_rev2",
+        "action_cancelled_rev2",
     ],
 )
 async def test_checked_in_histories_replay(name: str) -> None:
