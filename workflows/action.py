@@ -77,13 +77,18 @@ ADMIT_WAIT_S = 2.0
 MAX_EVENTS = 100
 
 
-def start_attributes(req: SubmitRequest) -> tuple[TypedSearchAttributes, dict[str, Any]]:
+def start_attributes(
+    req: SubmitRequest,
+) -> tuple[TypedSearchAttributes | None, dict[str, Any]]:
     """Search attributes and memo to start an action's workflow with (see ``submit``).
 
-    Revision 2+ starts with the memo only (``client.submit`` drops the attributes): the
-    first workflow task upserts them, so they are written once with the state that task
-    reaches (usually ``running``) instead of once at start and again at admission.
+    Revision 2+ starts with the memo only (no attributes): the first workflow task
+    upserts them, so they are written once with the state that task reaches (usually
+    ``running``) instead of once at start and again at admission.
     """
+    memo = {"action_id": req.action_id, "queue": req.queue, "tenant": req.tenant, "run": req.run}
+    if req.revision >= 2:
+        return None, memo
     sa = TypedSearchAttributes(
         [
             SearchAttributePair(SA["HeadwayQueue"], req.queue),
@@ -93,7 +98,6 @@ def start_attributes(req: SubmitRequest) -> tuple[TypedSearchAttributes, dict[st
             SearchAttributePair(SA["HeadwayReason"], "Waiting"),
         ]
     )
-    memo = {"action_id": req.action_id, "queue": req.queue, "tenant": req.tenant, "run": req.run}
     return sa, memo
 
 

@@ -68,8 +68,7 @@ async def submit(
         req,
         id=protocol.action_workflow_id(req.tenant, req.action_id),
         task_queue=protocol.CONTROL_TASK_QUEUE,
-        # Revision 2+ writes them in its first task (see ``start_attributes``).
-        search_attributes=sa if req.revision < 2 else None,
+        search_attributes=sa,
         memo=memo,
     )
 
