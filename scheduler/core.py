@@ -216,6 +216,7 @@ class _Queue:
         "fragile",
         "hist_dep",
         "horizon",
+        "hsig",
         "hz",
         "last_hist",
         "last_holds",
@@ -231,6 +232,7 @@ class _Queue:
         "running",
         "runs_ok",
         "spec",
+        "stale",
         "tail",
         "usage",
         "views",
@@ -266,6 +268,14 @@ class _Queue:
         self.views: dict[str, tuple[Any, ...]] = {}
         # Per demand, every cluster where a fit that walked them all found room.
         self.rooms: dict[int, set[str]] = {}
+        # Clusters whose capacity changed while every cluster the queue may use was
+        # held from above (see ``Scheduler._held_still``): the fits' reasons were checked,
+        # but where each found room (``first``, ``rooms``, ``views``) was not brought up to
+        # date there. The next full check takes them as changed; None: none.
+        self.stale: set[str] | None = None
+        # ``_held_still``'s summary of ``evals`` (the list, its length, and per demand
+        # whether its fits found room), while the records stand.
+        self.hsig: tuple[list[_Eval], int, tuple[tuple[int, bool], ...], list[Runs]] | None = None
         self.hist_dep = True
         self.fragile = True
         self.last_hist = -1
@@ -746,6 +756,10 @@ class Scheduler:
         # Per pass: a ``_changes`` answer (by identity) joined with clusters whose
         # answers expired, shared by the queues that have both alike.
         self._exp_cache: dict[tuple[int, frozenset[str]], tuple[Any, set[str]]] = {}
+        # Per pass: ``_all_held``'s answers, by (selector, number of holds).
+        self._held_cache: dict[tuple[Any, int], bool] = {}
+        # Per pass: ``_held_still``'s verdict on the fits, by (selector, fits' summary).
+        self._hsig_cache: dict[tuple[Any, tuple[Any, ...]], bool] = {}
         self._effects: list[tuple[Any, ...]] = []
         self._prev_effects: list[tuple[Any, ...]] = []
         self._diverged: int | None = None
@@ -1153,6 +1167,8 @@ class Scheduler:
         self._chg_cache = {}
         self._dr_cache = {}
         self._exp_cache = {}
+        self._held_cache = {}
+        self._hsig_cache = {}
         # Holds and reservations bind the queues after the one that made them. A queue
         # may be skipped only if what came before it this pass is what came before it
         # last pass: track where this pass's effects first differ from the last's.
@@ -1213,11 +1229,16 @@ class Scheduler:
                         changed = got[1]
                 if not changed:
                     # ``_still`` with no capacity change here, inlined: the common case.
+                    # (Records not up to date where capacity changed under a held fleet
+                    # stand while it is still held: see ``_held_still``.)
                     still = (
                         changed is not None
                         and sig_was == q.last_sig
                         and (not q.hist_dep or q.last_hist == self._hist_epoch)
-                        and (same_upstream or self._views_same(q, changed))
+                        and (
+                            same_upstream
+                            or (self._all_held(q) if q.stale else self._views_same(q, changed))
+                        )
                     )
                 else:
                     still = self._still(q, sig_was, changed, same_upstream, now, expired)
@@ -1252,6 +1273,7 @@ class Scheduler:
             q.last_sig = sig
             q.last_hist = self._hist_epoch
             q.cap_pos = self._cap_base + len(self._cap_log)
+            q.stale = None
             self._start_visit_records()
             n = self._visit(q, now, out)
             q.horizon = self._horizon
@@ -1320,6 +1342,7 @@ class Scheduler:
         construction).
         """
         self.tail_visits += 1
+        q.hsig = None
         v = _Visit(q, self._eligible(q))
         if q.blocked_head is not None:
             # Only a strict queue's block or a reserving queue's reservation names it.
@@ -1462,6 +1485,17 @@ class Scheduler:
             return False
         if q.hist_dep and q.last_hist != self._hist_epoch:
             return False
+        if changed and not q.fragile and not q.mixed and self._all_held(q):
+            held = self._held_still(q, changed, now, expired)
+            if held is not None:
+                return held
+        # The full check may change reasons in place (``_flip``).
+        q.hsig = None
+        stale = q.stale
+        if stale:
+            # The records are brought up to date where they were not, as if those
+            # clusters had changed now (they did since the records were).
+            changed = stale.union(changed)
         if not same_upstream and not self._views_same(q, changed):
             return False
         if not changed:
@@ -1536,10 +1570,137 @@ class Scheduler:
             q.hz = self._vhz
             q.hist_dep = q.hist_dep or self._vhist
             q.last_hist = self._hist_epoch
+            q.stale = None
             for e in self._flips:
                 self._flip(q, e)
             if self._unhold:
                 q.last_holds = ()
+        self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
+        return ok
+
+    def _all_held(self, q: _Queue) -> bool:
+        """Is every healthy cluster of ``q``'s selector held (by the queues before it:
+        ``q`` remakes its own holds only once it is found unchanged)?"""
+        holds = self._holds
+        clusters = self.clusters
+        if len(holds) >= len(clusters):
+            return True  # holds name clusters of the fleet: every one is held
+        sel = q.spec.clusters
+        # Within a pass holds are only added: their count dates the answer.
+        key = (sel, len(holds))
+        got = self._held_cache.get(key)
+        if got is None:
+            got = True
+            for n in clusters if sel is None else sel:
+                c = clusters.get(n)
+                if c is not None and c.healthy and n not in holds:
+                    got = False
+                    break
+            self._held_cache[key] = got
+        return got
+
+    def _any_room(self, sel: tuple[str, ...] | None, dkey: int, runs: Runs) -> bool:
+        """Would a fit of demand ``dkey`` under selector ``sel`` find a cluster with
+        room now (as ``_consider`` asks it)?"""
+        nr_key = (sel, dkey)
+        if nr_key in self._noroom:
+            return False
+        return bool(self._cands_of(nr_key, runs, None)[1])
+
+    def _held_still(
+        self,
+        q: _Queue,
+        changed: set[str] | frozenset[str],
+        now: float,
+        expired: frozenset[str] | None,
+    ) -> bool | None:
+        """``_still`` for a queue that finds every cluster it may use held from above.
+
+        A held cluster turns every action away before anything else is read there, so
+        a visit now reads capacity only as whether a demand has room anywhere (the
+        answer is ``HeldForGang`` if so, ``NoClusterCapacity`` if not, for blocked and
+        unblocked fits alike), and, for a reserving queue, through its head's
+        reservation. If every recorded fit's reason is its demand's answer now, the
+        visit would answer as the last did; only the reservation is made again (as
+        ``_still`` does). Which cluster each fit found first, and where it found room,
+        are not brought up to date: ``changed`` joins ``q.stale`` instead, and a later
+        full check takes those clusters as changed. This is the common case of a
+        fleet held by a strict head above: the changed clusters may move in the
+        placement order of every fit below it, but no answer moves.
+
+        Returns None when the answers cannot be told this way (some would change, or a
+        fit's reason is one a held fleet never gives): ``_still``'s full check then
+        decides, with nothing changed here. Else whether the visit would answer alike
+        (records updated as ``_still`` updates them).
+        """
+        sel = q.spec.clusters
+        hsig = q.hsig
+        if hsig is None or hsig[0] is not q.evals or hsig[1] != len(q.evals):
+            # Each demand's fits, and whether they found room: what the answers read.
+            want: dict[int, tuple[Runs, bool]] = {}
+            for e in q.evals:
+                r = e.reason
+                if r is Reason.HeldForGang:
+                    w = True
+                elif r is Reason.NoClusterCapacity:
+                    w = False
+                else:
+                    return None
+                had = want.setdefault(e.dkey, (e.runs, w))
+                if had[1] is not w:
+                    return None
+            # Keyed by demand key alone (hashing the pods costs more).
+            ws = sorted(want.items(), key=_FIRST)
+            hsig = q.hsig = (
+                q.evals,
+                len(q.evals),
+                tuple((d, w) for d, (_, w) in ws),
+                [runs for _, (runs, _) in ws],
+            )
+        # Queues with the same selector and demands share the verdict within a pass.
+        vk = (sel, hsig[2])
+        got = self._hsig_cache.get(vk)
+        if got is None:
+            got = True
+            for (d, w), runs in zip(hsig[2], hsig[3], strict=True):
+                if self._any_room(sel, d, runs) is not w:
+                    got = False
+                    break
+            self._hsig_cache[vk] = got
+        if not got:
+            return None
+        rec = q.resv_rec
+        if rec is not None:
+            # A head with room now would not reserve (``_still``'s ``head_went``).
+            clusters = self.clusters
+            for n in changed:
+                c = clusters.get(n)
+                if c is not None and c.healthy and self._room(c, rec.dkey, rec.runs):
+                    return None
+        outer_h, outer_hist, outer_hz = self._horizon, self._vhist, self._vhz
+        hz = q.hz
+        if expired:
+            for n in expired:
+                del hz[n]
+            self._horizon = min(hz.values(), default=_INF)
+        else:
+            self._horizon = q.horizon
+        self._vhz = hz
+        self._vhist = False
+        ok = True
+        if rec is not None:
+            ok, moved = self._resv_now(rec, changed, now, sel)
+            if ok and moved is not None:
+                ok = self._resv_move(q, rec, moved, changed)
+        if ok:
+            q.horizon = self._horizon
+            q.hz = self._vhz
+            q.hist_dep = q.hist_dep or self._vhist
+            q.last_hist = self._hist_epoch
+            if q.stale is None:
+                q.stale = set(changed)
+            else:
+                q.stale.update(changed)
         self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
         return ok
 
@@ -2531,24 +2692,7 @@ class Scheduler:
             # fixes health), and so does which clusters have room (within a pass only
             # an admission changes capacity): keep just those, once per pass, demand
             # and admission, so that walks need not ask each cluster again.
-            cap_end = self._cap_base + len(self._cap_log)
-            hit = self._cands.get(nr_key)
-            if hit is None or hit[0] != cap_end:
-                base = self._base_order(q.spec.clusters, v.elig)
-                moved = None
-                if hit is not None and len(base) > _SCAN_MIN:
-                    moved = self._soft_since(hit[0], len(base) // 4)
-                    had = hit[2]
-                if moved is None:
-                    order = [c for c in base if self._room(c, dkey, runs)]
-                else:
-                    # Only the moved clusters' room may have changed.
-                    order = [
-                        c
-                        for c in base
-                        if (self._room(c, dkey, runs) if c.name in moved else c.name in had)
-                    ]
-                hit = self._cands[nr_key] = (cap_end, order, frozenset(c.name for c in order))
+            hit = self._cands_of(nr_key, runs, v.elig)
             order = hit[1]
             names = hit[2]
             checked = True
@@ -2666,6 +2810,33 @@ class Scheduler:
                 a, runs, dkey, q.spec.clusters, v.elig, now, q.spec.algorithm is Algorithm.easy
             )
         return Reason.NoClusterCapacity
+
+    def _cands_of(
+        self, nr_key: tuple[Any, int], runs: Runs, elig: list[ClusterState] | None
+    ) -> tuple[int, list[ClusterState], frozenset[str]]:
+        """The clusters of selector ``nr_key[0]`` with room for demand ``nr_key[1]``, in
+        placement order (and their names): the ``_cands`` entry, made or brought up to
+        date. ``elig``: the selector's healthy clusters (None: found if needed)."""
+        cap_end = self._cap_base + len(self._cap_log)
+        hit = self._cands.get(nr_key)
+        if hit is None or hit[0] != cap_end:
+            dkey = nr_key[1]
+            base = self._base_order(nr_key[0], elig)
+            moved = None
+            if hit is not None and len(base) > _SCAN_MIN:
+                moved = self._soft_since(hit[0], len(base) // 4)
+                had = hit[2]
+            if moved is None:
+                order = [c for c in base if self._room(c, dkey, runs)]
+            else:
+                # Only the moved clusters' room may have changed.
+                order = [
+                    c
+                    for c in base
+                    if (self._room(c, dkey, runs) if c.name in moved else c.name in had)
+                ]
+            hit = self._cands[nr_key] = (cap_end, order, frozenset(c.name for c in order))
+        return hit
 
     def _unheld(self, nr_key: tuple[Any, int], order: list[ClusterState]) -> list[ClusterState]:
         """The clusters of ``order`` (a ``_cands`` list) that no hold of this pass

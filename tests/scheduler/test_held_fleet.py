@@ -1,0 +1,181 @@
+"""Re-checks under a held fleet: the answers checked, the records brought up to date later.
+
+When a strict head above holds every cluster a queue may use, a visit of that queue reads
+capacity only as whether each demand has room anywhere (``HeldForGang`` if so,
+``NoClusterCapacity`` if not) and, for a reserving queue, through its head's
+reservation. ``Scheduler._held_still`` checks just that after a completion, and leaves
+where each fit found room (``first``, ``rooms``, ``views``) for a later full check: the
+changed clusters join the queue's ``stale`` set, and the next full check takes them as
+changed. These cases pin that down against the plain loop
+(``Scheduler(incremental=False)``): same admissions, same reasons, step by step.
+
+Five clusters ``c0`` to ``c4`` of two 16-CPU nodes each, filled by queue ``fill``
+(critical, ten node-sized actions ``F0`` to ``F9``). Queue ``hold`` (high, strict) has a
+head ``H`` that wants a whole cluster (two nodes): it finds no room, and holds all five.
+Below it four medium queues, one per algorithm (``g`` greedy, ``s`` strict, ``b``
+backfill, ``e`` easy), wait with small, half-node and whole-node actions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from headway.scheduler import (
+    ActionSpec,
+    Algorithm,
+    ClusterSpec,
+    NodeGroup,
+    Priority,
+    QueueSpec,
+    Scheduler,
+    core,
+)
+from headway.scheduler.resources import Pod
+
+GI = 2**30
+NODE = Pod(cpu=16_000, memory=64 * GI)
+HALF = Pod(cpu=8_000, memory=32 * GI)
+SMALL = Pod(cpu=2_000, memory=8 * GI)
+BELOW = {"g": Algorithm.greedy, "s": Algorithm.strict, "b": Algorithm.backfill, "e": Algorithm.easy}
+
+# Ops, each followed by a pass: ("finish", action, t), ("cancel", action, t),
+# ("submit", queue, action, pod, t), ("tick", t) (a pass at a later time, nothing else).
+Op = tuple[Any, ...]
+
+CASES = [
+    pytest.param(
+        [("finish", "F0", 1.0), ("finish", "F3", 2.0), ("finish", "F6", 3.0)], True,
+        id="completions-free-nodes-below-a-held-fleet-every-answer-stays-held"),
+    pytest.param(
+        [("finish", "F0", 1.0), ("finish", "F1", 2.0), ("finish", "F4", 3.0)], True,
+        id="a-cluster-empties-the-held-head-may-now-start-there"),
+    pytest.param(
+        [("finish", "F2", 1.0), ("finish", "F5", 2.0), ("cancel", "H", 3.0)], True,
+        id="the-hold-goes-after-stale-records-built-up-the-full-check-reads-them-again"),
+    pytest.param(
+        [("finish", "F0", 1.0), ("finish", "F3", 2.0), ("tick", 8.0), ("finish", "F7", 9.0),
+         ("tick", 30.0)], True,
+        id="the-clock-passes-estimated-ends-while-held-reservations-move"),
+    pytest.param(
+        [("finish", "F1", 1.0), ("submit", "g", "G9", NODE, 2.0),
+         ("submit", "e", "E9", SMALL, 2.0), ("finish", "F8", 3.0), ("cancel", "H", 4.0)], True,
+        id="new-actions-below-a-held-fleet-are-decided-on-top-of-stale-records"),
+    pytest.param(
+        [("finish", "F9", 1.0), ("cancel", "S0", 2.0), ("finish", "F5", 3.0),
+         ("cancel", "H", 4.0), ("finish", "F0", 5.0)], True,
+        id="a-queue-below-changes-then-the-hold-goes"),
+    pytest.param(
+        [("cancel", "H", 1.0), ("finish", "F0", 2.0)], False,
+        id="no-hold-no-held-check-the-plain-check-as-before"),
+]  # fmt: skip
+
+
+def _build(incremental: bool) -> Scheduler:
+    clusters = [ClusterSpec(f"c{i}", (NodeGroup("n", 2, NODE),)) for i in range(5)]
+    queues = [
+        QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
+        QueueSpec("hold", priority=Priority.high, algorithm=Algorithm.strict),
+        *(QueueSpec(n, priority=Priority.medium, algorithm=a) for n, a in BELOW.items()),
+    ]
+    s = Scheduler(clusters, queues, incremental=incremental)
+    seq = 0
+
+    def add(queue: str, aid: str, pods: tuple[Pod, ...], est: float) -> None:
+        nonlocal seq
+        seq += 1
+        assert (
+            s.submit(ActionSpec(aid, queue, pods, submit=0.0, seq=seq, estimate=est), 0.0) is None
+        )
+
+    for i in range(10):
+        # Estimated ends spread out, so that the clock passes some of them.
+        add("fill", f"F{i}", (NODE,), 5.0 + 3 * i)
+    add("hold", "H", (NODE, NODE), 50.0)
+    for name in BELOW:
+        p = name.upper()
+        for k, pod in enumerate([SMALL, HALF, NODE, SMALL, HALF, NODE, SMALL]):
+            add(name, f"{p}{k}", (pod,), 10.0 * (k % 3 + 1))
+    return s
+
+
+def _state(s: Scheduler) -> list[Any]:
+    return sorted((a.id, a.state, a.cluster, a.last, tuple(a.reasons)) for a in s.actions.values())
+
+
+def _run(ops: list[Op], incremental: bool) -> tuple[list[Any], int, int]:
+    """The log of every pass, how many re-checks took the held path, and the largest
+    ``stale`` set seen after a pass."""
+    s = _build(incremental)
+    log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
+    held = 0
+    most_stale = 0
+    real = s._held_still
+
+    def spy(*args: Any) -> bool | None:
+        nonlocal held
+        got = real(*args)
+        held += got is True
+        return got
+
+    s._held_still = spy  # type: ignore[method-assign,assignment]
+    for op in ops:
+        t = op[-1]
+        if op[0] == "finish":
+            s.finish(op[1], t)
+        elif op[0] == "cancel":
+            assert s.cancel(op[1], t)
+        elif op[0] == "submit":
+            _, q, aid, pod, _t = op
+            assert s.submit(ActionSpec(aid, q, (pod,), submit=t, seq=1000 + len(log)), t) is None
+        log.append(sorted(x.action_id for x in s.schedule(t)))
+        log.append(_state(s))
+        most_stale = max([most_stale, *(len(q.stale or ()) for q in s.queues.values())])
+    return log, held, most_stale
+
+
+@pytest.mark.parametrize(("ops", "takes_held_path"), CASES)
+def test_a_held_fleet_rechecks_as_the_plain_loop_decides(
+    ops: list[Op], takes_held_path: bool
+) -> None:
+    fast, held, most_stale = _run(ops, True)
+    plain, plain_held, _ = _run(ops, False)
+    assert fast == plain
+    assert plain_held == 0
+    if takes_held_path:
+        assert held > 0
+        assert most_stale > 0
+    else:
+        assert held == 0
+
+
+def test_the_held_path_leaves_records_stale_and_the_hold_going_refreshes_them() -> None:
+    """After completions under the hold, a queue below keeps the clusters it did not
+    bring up to date; once the hold goes, its next check reads them (or it is visited),
+    and nothing stays stale."""
+    s = _build(True)
+    s.schedule(0.0)
+    s.finish("F0", 1.0)
+    s.schedule(1.0)
+    s.finish("F3", 2.0)
+    s.schedule(2.0)
+    stale = {n: set(q.stale or ()) for n, q in s.queues.items() if q.stale}
+    assert stale, "no queue took the held path"
+    assert all(v <= {"c0", "c1", "c2", "c3", "c4"} for v in stale.values())
+    s.cancel("H", 3.0)
+    s.schedule(3.0)
+    assert not any(q.stale for q in s.queues.values())
+
+
+def test_all_held_counts_only_healthy_clusters_of_the_selector() -> None:
+    """A cluster that is down is no cluster the queue may use: the rest held is all."""
+    s = _build(True)
+    s.schedule(0.0)
+    q = s.queues["g"]
+    s._holds = {f"c{i}": "H" for i in range(4)}
+    s._held_cache = {}
+    assert not s._all_held(q)
+    s.set_cluster_health("c4", False)
+    s._held_cache = {}
+    assert s._all_held(q)
+    assert core.Scheduler._all_held(s, s.queues["s"])
