@@ -760,6 +760,8 @@ class Scheduler:
         self._held_cache: dict[tuple[Any, int], bool] = {}
         # Per pass: ``_held_still``'s verdict on the fits, by (selector, fits' summary).
         self._hsig_cache: dict[tuple[Any, tuple[Any, ...]], bool] = {}
+        # Per pass: ``_soft_since(pos, 64)`` by (pos, log end), for ``_any_room``.
+        self._moved_cache: dict[tuple[int, int], set[str] | None] = {}
         self._effects: list[tuple[Any, ...]] = []
         self._prev_effects: list[tuple[Any, ...]] = []
         self._diverged: int | None = None
@@ -1169,6 +1171,7 @@ class Scheduler:
         self._exp_cache = {}
         self._held_cache = {}
         self._hsig_cache = {}
+        self._moved_cache = {}
         # Holds and reservations bind the queues after the one that made them. A queue
         # may be skipped only if what came before it this pass is what came before it
         # last pass: track where this pass's effects first differ from the last's.
@@ -1342,7 +1345,6 @@ class Scheduler:
         construction).
         """
         self.tail_visits += 1
-        q.hsig = None
         v = _Visit(q, self._eligible(q))
         if q.blocked_head is not None:
             # Only a strict queue's block or a reserving queue's reservation names it.
@@ -1605,7 +1607,38 @@ class Scheduler:
         nr_key = (sel, dkey)
         if nr_key in self._noroom:
             return False
+        hit = self._cands.get(nr_key)
+        cap_end = self._cap_base + len(self._cap_log)
+        if hit is not None and hit[0] != cap_end:
+            # Only whether there is one: an unmoved cluster that had room still has it
+            # (a change of health is a hard change), else a moved one must have it now.
+            # (The list itself is brought up to date by the next walk that needs it.)
+            # Lists made together stand at one log position: one answer for them.
+            mk = (hit[0], cap_end)
+            moved = self._moved_cache.get(mk, _UNKNOWN)
+            if moved is _UNKNOWN:
+                moved = self._moved_cache[mk] = self._soft_since(hit[0], 64)
+            if moved is not None:
+                for n in hit[2]:
+                    if n not in moved:
+                        return True
+                clusters = self.clusters
+                names = None if sel is None else self._selset(sel)
+                for n in moved:
+                    if names is not None and n not in names:
+                        continue
+                    c = clusters.get(n)
+                    if c is not None and c.healthy and self._room(c, dkey, runs):
+                        return True
+                return False
         return bool(self._cands_of(nr_key, runs, None)[1])
+
+    def _selset(self, sel: tuple[str, ...]) -> frozenset[str]:
+        """Selector ``sel``'s cluster names, as a set (kept)."""
+        names = self._selsets.get(sel)
+        if names is None:
+            names = self._selsets[sel] = frozenset(sel)
+        return names
 
     def _held_still(
         self,

@@ -31,6 +31,7 @@ from headway.scheduler import (
     Scheduler,
     core,
 )
+from headway.scheduler.fit import runs_of
 from headway.scheduler.resources import Pod
 
 GI = 2**30
@@ -179,3 +180,61 @@ def test_all_held_counts_only_healthy_clusters_of_the_selector() -> None:
     s._held_cache = {}
     assert s._all_held(q)
     assert core.Scheduler._all_held(s, s.queues["s"])
+
+
+# ``_any_room`` answers from the last list of clusters with room and the capacity log
+# since (without making the list again): pinned against the list made afresh. Each case:
+# the actions that end first (their nodes freed), the selector asked about, the pod.
+ROOM_CASES = [
+    pytest.param([], None, NODE, id="nothing-moved-the-list-as-it-was-no-room"),
+    pytest.param(["F0"], None, NODE, id="a-node-freed-a-moved-cluster-now-has-room"),
+    pytest.param(["F0"], ("c3", "c4"), NODE,
+                 id="a-node-freed-outside-the-selector-does-not-count"),
+    pytest.param(["F0", "F1"], None, Pod(cpu=32_000, memory=64 * GI),
+                 id="a-shape-no-node-holds-never-has-room"),
+    pytest.param(["F0", "F2", "F4"], ("c0", "c1"), SMALL,
+                 id="several-clusters-moved-one-of-them-in-the-selector"),
+    pytest.param(["F0"], None, SMALL, id="room-before-room-after-an-unmoved-cluster-vouches"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("ends", "sel", "pod"), ROOM_CASES)
+def test_any_room_from_the_log_matches_the_list_made_afresh(
+    ends: list[str], sel: tuple[str, ...] | None, pod: Pod
+) -> None:
+    s = _build(True)
+    s.schedule(0.0)
+    runs = runs_of((pod,))
+    dkey = s._dkey((pod,))
+    key = (sel, dkey)
+    # The list as a walk made it before the completions.
+    s._cands_of(key, runs, None)
+    for i, aid in enumerate(ends):
+        s.finish(aid, 1.0 + i)
+    s._noroom = set()
+    s._moved_cache = {}
+    got = s._any_room(sel, dkey, runs)
+    # With completions, the list is out of date: the answer came from the log.
+    assert (s._cands[key][0] != s._cap_base + len(s._cap_log)) == bool(ends)
+    del s._cands[key]
+    assert got == bool(s._cands_of(key, runs, None)[1])
+
+
+def test_any_room_a_cluster_that_moved_and_lost_its_room_does_not_vouch() -> None:
+    """The only cluster with room when the list was made takes work since: none left."""
+    s = _build(True)
+    s.schedule(0.0)
+    s.finish("F0", 1.0)
+    s.schedule(1.0)
+    runs = runs_of((NODE,))
+    dkey = s._dkey((NODE,))
+    key = (("c0", "c1", "c2", "c3", "c4"), dkey)  # asked by no queue: no walk remakes it
+    assert s._cands_of(key, runs, None)[1], "the freed node is room"
+    s.submit(ActionSpec("F10", "fill", (NODE,), submit=2.0, seq=999, estimate=5.0), 2.0)
+    assert [x.action_id for x in s.schedule(2.0)] == ["F10"]
+    s._noroom = set()
+    s._moved_cache = {}
+    assert s._cands[key][0] != s._cap_base + len(s._cap_log)
+    assert s._any_room(key[0], dkey, runs) is False
+    del s._cands[key]
+    assert not s._cands_of(key, runs, None)[1]
