@@ -993,6 +993,10 @@ class Scheduler:
         self.actions[a.id] = a
         w = q.waiting
         if not w or (w[-1].submit, w[-1].seq) <= (a.submit, a.seq):
+            if not w:
+                # A queue joins the visiting order. (Appended behind others, the head,
+                # and so the order, stay.)
+                self._qorder_ver += 1
             w.append(a)
             if q.tail >= 0:
                 q.tail += 1
@@ -1007,8 +1011,8 @@ class Scheduler:
             self._flush(q)
             q.cls_mode = None  # positions are renumbered when the classes are rebuilt
             q.tail = -1
+            self._qorder_ver += 1  # it may be the new head
         q.epoch += 1
-        self._qorder_ver += 1
         return None
 
     def cancel(self, action_id: str, now: float) -> bool:
@@ -1190,7 +1194,7 @@ class Scheduler:
         for q in order:
             sig = (q.epoch, q.spec, self._env_epoch, self._org_epoch if orgd else 0)
             up = len(effects)
-            diverged = self._diverged
+            diverged: int | None = self._diverged
             same_upstream = q.last_up_len == up and (diverged is None or diverged >= up)
             cap_end = self._cap_base + len(self._cap_log)
             if incremental and (not q.last_started or q.mixed):
@@ -1255,8 +1259,31 @@ class Scheduler:
                             if cname not in holds:
                                 holds[cname] = head
                                 self._effect(("h", cname, head, None, None))
-                    for cname, r in q.last_resv:
-                        self._reserve_on(cname, r)
+                    if q.last_resv:
+                        # ``_reserve_on`` and ``_effect`` inlined: every skipped
+                        # reserving queue remakes its reservation, in every pass.
+                        resv = self._resv
+                        prev = self._prev_effects
+                        for cname, r in q.last_resv:
+                            on = resv.get(cname)
+                            if on is None:
+                                resv[cname] = [r]
+                            else:
+                                on.append(r)
+                            ver = r.extra.version if r.extra is not None else -1
+                            if self._diverged is None:
+                                i = len(effects)
+                                p = prev[i] if i < len(prev) else None
+                                if (
+                                    p is None
+                                    or p[0] != "r"
+                                    or p[1] != cname
+                                    or p[2] != r.time
+                                    or p[3] != r.head
+                                    or p[4] != ver
+                                ):
+                                    self._diverged = i
+                            effects.append(("r", cname, r.time, r.head, ver, r))
                     q.cap_pos = cap_end
                     # Its records now stand for this pass's upstream (the views were
                     # checked against it, or it is the last one's): the next pass

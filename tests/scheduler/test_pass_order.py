@@ -1,0 +1,81 @@
+"""The queues' visiting order is kept from pass to pass, and sorted again only when a
+queue's head (or policy) may have changed.
+
+A submission appended behind a queue's other actions leaves its head, and so the order,
+as they were: only a queue that was empty (it joins the order) or an action that sorts
+in front of the others (a new head) makes the next pass sort again. These cases pin the
+kept order against the order made afresh after every pass, and the decisions against
+the plain loop (``Scheduler(incremental=False)``).
+
+One cluster of one 16-CPU node, taken by a long action of queue ``busy`` (critical), so
+nothing else starts; queues ``x``, ``y`` (both medium) and ``z`` (low) wait.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from headway.scheduler import (
+    ActionSpec,
+    Algorithm,
+    ClusterSpec,
+    NodeGroup,
+    Priority,
+    QueueSpec,
+    Scheduler,
+)
+from headway.scheduler.resources import Pod
+
+GI = 2**30
+NODE = Pod(cpu=16_000, memory=64 * GI)
+POD = Pod(cpu=4_000, memory=8 * GI)
+
+# Submissions, one pass after each: (queue, submit time).
+CASES = [
+    pytest.param([("x", 1.0), ("x", 2.0), ("x", 3.0)],
+                 id="appended-behind-the-head-the-order-stays"),
+    pytest.param([("x", 2.0), ("y", 1.0), ("z", 0.5)],
+                 id="an-empty-queue-joins-the-order-in-its-place"),
+    pytest.param([("x", 2.0), ("y", 3.0), ("y", 1.0)],
+                 id="an-earlier-submission-is-the-new-head-and-moves-its-queue-up"),
+    pytest.param([("y", 5.0), ("x", 5.0), ("x", 6.0), ("y", 4.0)],
+                 id="equal-priority-and-head-time-by-name-then-a-new-head-breaks-the-tie"),
+    pytest.param([("z", 1.0), ("x", 9.0), ("z", 2.0), ("x", 9.0), ("y", 0.0)],
+                 id="priority-first-whatever-the-heads"),
+]  # fmt: skip
+
+
+def _fresh(s: Scheduler) -> list[str]:
+    keyed = sorted(
+        (-q.spec.priority, q.waiting[0].submit, q.spec.name) for q in s.queues.values() if q.waiting
+    )
+    return [k[2] for k in keyed]
+
+
+def _run(subs: list[tuple[str, float]], incremental: bool) -> list[Any]:
+    clusters = [ClusterSpec("a", (NodeGroup("g", 1, NODE),))]
+    queues = [
+        QueueSpec("busy", priority=Priority.critical, algorithm=Algorithm.greedy),
+        QueueSpec("x", priority=Priority.medium, algorithm=Algorithm.greedy),
+        QueueSpec("y", priority=Priority.medium, algorithm=Algorithm.backfill),
+        QueueSpec("z", priority=Priority.low, algorithm=Algorithm.strict),
+    ]
+    s = Scheduler(clusters, queues, incremental=incremental)
+    s.submit(ActionSpec("B", "busy", (NODE,), submit=0.0, seq=0, estimate=1e6), 0.0)
+    log: list[Any] = [[x.action_id for x in s.schedule(0.0)]]
+    for i, (q, t) in enumerate(subs):
+        aid = f"{q}{i}"
+        assert (
+            s.submit(ActionSpec(aid, q, (POD,), submit=t, seq=1 + i, estimate=60.0), 10.0) is None
+        )
+        log.append([x.action_id for x in s.schedule(10.0 + i)])
+        if incremental:
+            assert [q.spec.name for q in s._qorder] == _fresh(s)
+        log.append(sorted((a.id, a.state, a.last) for a in s.actions.values()))
+    return log
+
+
+@pytest.mark.parametrize("subs", CASES)
+def test_the_kept_visiting_order_is_the_order_made_afresh(subs: list[tuple[str, float]]) -> None:
+    assert _run(subs, True) == _run(subs, False)
