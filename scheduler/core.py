@@ -217,6 +217,8 @@ class _Queue:
         "hist_dep",
         "horizon",
         "hsig",
+        "hsig_n",
+        "hsig_of",
         "hz",
         "last_hist",
         "last_holds",
@@ -272,10 +274,12 @@ class _Queue:
         # held from above (see ``Scheduler._held_still``): the fits' reasons were checked,
         # but where each found room (``first``, ``rooms``, ``views``) was not brought up to
         # date there. The next full check takes them as changed; None: none.
-        self.stale: set[str] | None = None
-        # ``_held_still``'s summary of ``evals`` (the list, its length, and per demand
-        # whether its fits found room), while the records stand.
-        self.hsig: tuple[list[_Eval], int, tuple[tuple[int, bool], ...], list[Runs]] | None = None
+        self.stale: frozenset[str] | None = None
+        # ``_held_still``'s summary of ``evals``: per demand, whether its fits found room
+        # (``2 * dkey + room``, in order), interned; and the list and length it is of.
+        self.hsig: tuple[int, ...] | None = None
+        self.hsig_of: list[_Eval] | None = None
+        self.hsig_n = 0
         self.hist_dep = True
         self.fragile = True
         self.last_hist = -1
@@ -759,7 +763,11 @@ class Scheduler:
         # Per pass: ``_all_held``'s answers, by (selector, number of holds).
         self._held_cache: dict[tuple[Any, int], bool] = {}
         # Per pass: ``_held_still``'s verdict on the fits, by (selector, fits' summary).
-        self._hsig_cache: dict[tuple[Any, tuple[Any, ...]], bool] = {}
+        self._hsig_cache: dict[tuple[Any, tuple[int, ...]], bool] = {}
+        self._hsig_intern: dict[tuple[int, ...], tuple[int, ...]] = {}
+        # Per pass: ``q.stale`` joined with a changed set, by their identities (queues
+        # that stood alike share the answer).
+        self._stale_cache: dict[tuple[int, int], tuple[Any, Any, frozenset[str]]] = {}
         # Per pass: ``_soft_since(pos, 64)`` by (pos, log end), for ``_any_room``.
         self._moved_cache: dict[tuple[int, int], set[str] | None] = {}
         self._effects: list[tuple[Any, ...]] = []
@@ -1175,6 +1183,7 @@ class Scheduler:
         self._exp_cache = {}
         self._held_cache = {}
         self._hsig_cache = {}
+        self._stale_cache = {}
         self._moved_cache = {}
         # Holds and reservations bind the queues after the one that made them. A queue
         # may be skipped only if what came before it this pass is what came before it
@@ -1694,11 +1703,13 @@ class Scheduler:
         (records updated as ``_still`` updates them).
         """
         sel = q.spec.clusters
+        evals = q.evals
         hsig = q.hsig
-        if hsig is None or hsig[0] is not q.evals or hsig[1] != len(q.evals):
+        if hsig is None or q.hsig_of is not evals or q.hsig_n != len(evals):
             # Each demand's fits, and whether they found room: what the answers read.
-            want: dict[int, tuple[Runs, bool]] = {}
-            for e in q.evals:
+            # (Keyed by demand key alone: hashing the pods costs more.)
+            want: dict[int, bool] = {}
+            for e in evals:
                 r = e.reason
                 if r is Reason.HeldForGang:
                     w = True
@@ -1706,24 +1717,21 @@ class Scheduler:
                     w = False
                 else:
                     return None
-                had = want.setdefault(e.dkey, (e.runs, w))
-                if had[1] is not w:
+                if want.setdefault(e.dkey, w) is not w:
                     return None
-            # Keyed by demand key alone (hashing the pods costs more).
-            ws = sorted(want.items(), key=_FIRST)
-            hsig = q.hsig = (
-                q.evals,
-                len(q.evals),
-                tuple((d, w) for d, (_, w) in ws),
-                [runs for _, (runs, _) in ws],
-            )
+            key = tuple(sorted(2 * d + w for d, w in want.items()))
+            hsig = q.hsig = self._hsig_intern.setdefault(key, key)
+            q.hsig_of = evals
+            q.hsig_n = len(evals)
         # Queues with the same selector and demands share the verdict within a pass.
-        vk = (sel, hsig[2])
+        vk = (sel, hsig)
         got = self._hsig_cache.get(vk)
         if got is None:
             got = True
-            for (d, w), runs in zip(hsig[2], hsig[3], strict=True):
-                if self._any_room(sel, d, runs) is not w:
+            runs_of_d = {e.dkey: e.runs for e in evals}
+            for k in hsig:
+                d = k >> 1
+                if self._any_room(sel, d, runs_of_d[d]) is not bool(k & 1):
                     got = False
                     break
             self._hsig_cache[vk] = got
@@ -1757,10 +1765,16 @@ class Scheduler:
             q.hz = self._vhz
             q.hist_dep = q.hist_dep or self._vhist
             q.last_hist = self._hist_epoch
-            if q.stale is None:
-                q.stale = set(changed)
-            else:
-                q.stale.update(changed)
+            prev = q.stale
+            sk = (id(prev), id(changed))
+            hit = self._stale_cache.get(sk)
+            if hit is None or hit[0] is not prev or hit[1] is not changed:
+                hit = self._stale_cache[sk] = (
+                    prev,
+                    changed,
+                    frozenset(changed) if prev is None else prev.union(changed),
+                )
+            q.stale = hit[2]
         self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
         return ok
 
