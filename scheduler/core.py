@@ -1263,11 +1263,26 @@ class Scheduler:
                     # last visit: same decisions, same reasons. Only its holds and
                     # reservations, which bind the queues after it, need making again
                     # (``_hold`` and ``_reserve_on``, minus the visit's own record).
-                    if len(holds) < n_clusters:  # else every cluster is held already
+                    if len(holds) < n_clusters and q.last_holds:
+                        # (Else every cluster is held already.) ``_effect`` inlined, as
+                        # for reservations below.
+                        prev = self._prev_effects
                         for cname, head in q.last_holds:
                             if cname not in holds:
                                 holds[cname] = head
-                                self._effect(("h", cname, head, None, None))
+                                if self._diverged is None:
+                                    i = len(effects)
+                                    p = prev[i] if i < len(prev) else None
+                                    if (
+                                        p is None
+                                        or p[0] != "h"
+                                        or p[1] != cname
+                                        or p[2] != head
+                                        or p[3] is not None
+                                        or p[4] is not None
+                                    ):
+                                        self._diverged = i
+                                effects.append(("h", cname, head, None, None))
                     if q.last_resv:
                         # ``_reserve_on`` and ``_effect`` inlined: every skipped
                         # reserving queue remakes its reservation, in every pass.

@@ -79,3 +79,92 @@ def _run(subs: list[tuple[str, float]], incremental: bool) -> list[Any]:
 @pytest.mark.parametrize("subs", CASES)
 def test_the_kept_visiting_order_is_the_order_made_afresh(subs: list[tuple[str, float]]) -> None:
     assert _run(subs, True) == _run(subs, False)
+
+
+# A skipped queue remakes its holds and reservations in the pass; where they first
+# differ from the last pass's (``Scheduler._diverged``) tells the queues after it whether
+# what came before them is what came before them last time. Each case: after every
+# pass, the recorded point is where the two lists first differ, made afresh. Three
+# clusters of two nodes, one node of each taken; strict queues ``s1`` (on a, b) and
+# ``s2`` (on a, c) wait with gangs of two nodes and hold their clusters; ``r1``
+# (backfill) waits likewise and reserves; ``g`` (greedy, below) waits with one node.
+DIVERGE_CASES = [
+    pytest.param([("cancel", "S1")], id="the-first-holder-goes-the-second-remakes-its-holds-first"),
+    pytest.param([("cancel", "S2")], id="the-second-holder-goes-the-list-ends-early"),
+    pytest.param([("cancel", "R1")], id="a-reservation-goes-the-list-ends-early-no-difference"),
+    pytest.param([("tick",), ("cancel", "S1"), ("tick",), ("cancel", "R1")],
+                 id="passes-with-nothing-new-then-each-goes"),
+    pytest.param([("finish", "Ba"), ("cancel", "S2"), ("finish", "Bc")],
+                 id="nodes-freed-between-the-changes"),
+]  # fmt: skip
+
+
+def _diverged(s: Scheduler) -> int | None:
+    prev = s._prev_effects
+    for i, e in enumerate(s._effects):
+        if i >= len(prev) or prev[i][:5] != e[:5]:
+            return i
+    return None
+
+
+@pytest.mark.parametrize("ops", DIVERGE_CASES)
+def test_remade_holds_and_reservations_record_where_the_pass_first_differs(
+    ops: list[tuple[str, ...]], request: pytest.FixtureRequest
+) -> None:
+    def build(incremental: bool) -> Scheduler:
+        clusters = [ClusterSpec(n, (NodeGroup("g", 2, NODE),)) for n in "abc"]
+        queues = [
+            QueueSpec("busy", priority=Priority.critical, algorithm=Algorithm.greedy),
+            QueueSpec(
+                "s1", priority=Priority.high, algorithm=Algorithm.strict, clusters=("a", "b")
+            ),
+            QueueSpec(
+                "s2", priority=Priority.high, algorithm=Algorithm.strict, clusters=("a", "c")
+            ),
+            QueueSpec("r1", priority=Priority.high, algorithm=Algorithm.backfill),
+            QueueSpec("g", priority=Priority.medium, algorithm=Algorithm.greedy),
+        ]
+        s = Scheduler(clusters, queues, incremental=incremental)
+        for i, (aid, q, pods) in enumerate(
+            [
+                ("Ba", "busy", (NODE,)),
+                ("Bb", "busy", (NODE,)),
+                ("Bc", "busy", (NODE,)),
+                ("S1", "s1", (NODE, NODE)),
+                ("S2", "s2", (NODE, NODE)),
+                ("R1", "r1", (NODE, NODE)),
+                ("G", "g", (NODE,)),
+            ]
+        ):
+            spec = ActionSpec(aid, q, pods, submit=float(i), seq=i, estimate=100.0)
+            assert s.submit(spec, float(i)) is None
+        return s
+
+    fast, plain = build(True), build(False)
+    real = fast._pass
+    checked = []
+
+    def check(now: float, out: list[Any]) -> int:
+        # After every pass (a schedule may run several): its own lists.
+        n = real(now, out)
+        assert fast._diverged == _diverged(fast)
+        checked.append(fast._diverged)
+        return n
+
+    fast._pass = check  # type: ignore[method-assign]
+    t = 10.0
+    logs: list[list[Any]] = [[], []]
+    for s, log in ((fast, logs[0]), (plain, logs[1])):
+        log.append([x.action_id for x in s.schedule(t)])
+    for op in ops:
+        t += 1.0
+        for s, log in ((fast, logs[0]), (plain, logs[1])):
+            if op[0] == "cancel":
+                assert s.cancel(op[1], t)
+            elif op[0] == "finish":
+                s.finish(op[1], t)
+            log.append([x.action_id for x in s.schedule(t)])
+            log.append(sorted((a.id, a.state, a.last) for a in s.actions.values()))
+    assert logs[0] == logs[1]
+    if "no-difference" not in request.node.callspec.id:
+        assert any(d is not None for d in checked[1:]), "no pass differed from the one before"
