@@ -1530,7 +1530,10 @@ class Scheduler:
           reserving head's reservation is recomputed on the changed clusters;
         - answers that hold only until some time (``q.hz``) read the clock through
           one cluster each: the clusters in ``expired`` (also in ``changed``) are read
-          again, which gives their answers new times.
+          again, which gives their answers new times;
+        - when every cluster the queue may use is held from above, only whether each
+          demand has room anywhere is read (``_held_still``), and the records of where
+          fits found room wait in ``q.stale`` until a full check takes them as changed.
 
         On success the records are brought up to date, as if the visit had been made.
         """
@@ -1735,7 +1738,10 @@ class Scheduler:
                 if want.setdefault(e.dkey, w) is not w:
                     return None
             key = tuple(sorted(2 * d + w for d, w in want.items()))
-            hsig = q.hsig = self._hsig_intern.setdefault(key, key)
+            intern = self._hsig_intern
+            if len(intern) > 4096:
+                intern.clear()  # only shares equal summaries: never let it grow unbounded
+            hsig = q.hsig = intern.setdefault(key, key)
             q.hsig_of = evals
             q.hsig_n = len(evals)
         # Queues with the same selector and demands share the verdict within a pass.
