@@ -17,6 +17,7 @@ import asyncio
 from dataclasses import asdict
 
 from headway import protocol
+from headway.activities.fairness import ShardFairness
 from headway.activities.store import AdmissionWaiters
 from headway.store import LeaseStore
 from headway.workflows.shared import DISPATCH_ACTIVITY, REJECT_SIGNAL, DispatchBatch, DispatchResult
@@ -39,6 +40,7 @@ class DispatchActivities:
         *,
         store: LeaseStore | None = None,
         waiters: AdmissionWaiters | None = None,
+        fairness: ShardFairness | None = None,
     ) -> None:
         self.client = client
         # One budget for the whole worker, shared by every tenant's batches (FIFO): a
@@ -50,6 +52,9 @@ class DispatchActivities:
         self._sem = asyncio.Semaphore(concurrency)
         self.store = store
         self.waiters = waiters
+        # Paces a shard's signals while another shard has interactive work here (see
+        # ``headway.activities.fairness``); shared with the store activities.
+        self.fairness = fairness
 
     @activity.defn(name=DISPATCH)
     async def dispatch(self, batch: DispatchBatch) -> DispatchResult:
@@ -77,7 +82,11 @@ class DispatchActivities:
                 }
                 admissions = [a for a in admissions if a.admission.action_id not in handed]
 
+        fair = self.fairness
+
         async def send(workflow_id: str, action_id: str, name: str, arg: object) -> None:
+            if fair is not None:  # outside the budget: a paced shard holds no slot
+                await fair.pace(batch.tenant)
             async with sem:
                 try:
                     await self.client.get_workflow_handle(workflow_id).signal(name, arg)

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from headway import protocol
+from headway.activities.fairness import ShardFairness
 from headway.protocol import Admission
 from headway.scheduler.model import ClusterSpec
 from headway.store import DONE_CHANNEL, LeaseStore, Nudge, queue_channel
@@ -163,6 +164,7 @@ class StoreActivities:
         fleet: Sequence[ClusterSpec] = (),
         waiters: AdmissionWaiters | None = None,
         admit_wait_s: float | None = None,
+        fairness: ShardFairness | None = None,
     ) -> None:
         """Activities over ``store``.
 
@@ -173,6 +175,8 @@ class StoreActivities:
             waiters: shared with this worker's dispatch activity.
             admit_wait_s: how long ``put_lease_wait`` waits for its admission here;
                 None: as long as the action asks (``ADMIT_WAIT_S``), 0: not at all.
+            fairness: told of every lease write and end (a shard's interactive work);
+                shared with the dispatch activity, which paces other shards meanwhile.
         """
         self.store = store
         self.client = client
@@ -181,6 +185,7 @@ class StoreActivities:
         if admit_wait_s is not None and not admit_wait_s >= 0:
             raise ValueError(f"admit_wait_s: {admit_wait_s!r} is not a number of seconds >= 0")
         self.admit_wait_s = admit_wait_s
+        self.fairness = fairness
         self._commit = _GroupCommit(store)
         # Per tenant: nudges started so far; the lazy nudge pending (if any), and the
         # count at the latest end it stands for.
@@ -221,6 +226,8 @@ class StoreActivities:
         Returns:
             Whether a nudge was sent.
         """
+        if self.fairness is not None:
+            self.fairness.touch(inp.tenant)
         must = await self._commit.submit(
             "put",
             (inp.tenant, inp.action_id, inp.queue, inp.workflow_id, inp.spec, inp.submitted_at),
@@ -264,6 +271,8 @@ class StoreActivities:
         """
         if inp.kind not in ("finished", "cancelled", "rejected"):  # fail alone, not the batch
             raise ValueError(f"kind: {inp.kind!r} is not one of finished, cancelled, rejected")
+        if self.fairness is not None:
+            self.fairness.touch(inp.tenant)
         must = await self._commit.submit("finish", (inp.tenant, inp.action_id, inp.kind))
         if must is Nudge.NOW:
             await self.nudge(inp.tenant, DONE_CHANNEL)

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import click
+from headway.activities.fairness import DEFAULT_CONTENDED_RATE
 
 from ._common import (
     DATABASE_URL_ENV,
@@ -76,9 +77,24 @@ _fleet_option = click.option(
     " before falling back to a signal (0: never wait). [env HEADWAY_ADMIT_WAIT_S;"
     " default 2]",
 )
+@click.option(
+    "--contended-rate",
+    "contended_rate",
+    envvar="HEADWAY_CONTENDED_RATE",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_CONTENDED_RATE,
+    show_default=True,
+    help="Admission signals per second one shard may send while another shard has actions"
+    " writing or ending leases on this worker, so a shard draining a backlog does not slow"
+    " another's small runs (0: no pacing). [env HEADWAY_CONTENDED_RATE]",
+)
 @click.pass_context
 def control_plane(
-    ctx: click.Context, fleet_path: str | None, database_url: str | None, admit_wait_s: float | None
+    ctx: click.Context,
+    fleet_path: str | None,
+    database_url: str | None,
+    admit_wait_s: float | None,
+    contended_rate: float,
 ) -> None:
     """The control plane: shard schedulers, action workflows and their activities."""
     cfg = settings(ctx)
@@ -99,6 +115,7 @@ def control_plane(
                 fleet=list(fleet.clusters),
                 stop=stop,
                 admit_wait_s=admit_wait_s,
+                contended_rate=contended_rate,
             )
         finally:
             stop.set()

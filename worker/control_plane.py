@@ -13,6 +13,7 @@ from typing import TypedDict
 
 from headway import protocol
 from headway.activities.dispatch import DispatchActivities
+from headway.activities.fairness import DEFAULT_CONTENDED_RATE, ShardFairness
 from headway.activities.store import AdmissionWaiters, StoreActivities
 from headway.scheduler.model import ClusterSpec
 from headway.store import LeaseStore
@@ -52,6 +53,7 @@ def build_control_plane_worker(
     *,
     task_queue: str = protocol.CONTROL_TASK_QUEUE,
     admit_wait_s: float | None = None,
+    contended_rate: float = DEFAULT_CONTENDED_RATE,
 ) -> Worker:
     """A Worker (not yet running) with the workflows and activities of the control plane.
 
@@ -63,6 +65,9 @@ def build_control_plane_worker(
         admit_wait_s: how long an action's first task waits here for its admission
             before it falls back to the admission signal (None: the action's own
             ``ADMIT_WAIT_S``); see ``headway.activities.store``.
+        contended_rate: admission signals per second a shard may send while another
+            shard has interactive work on this worker; 0 turns the pacing off. See
+            ``headway.activities.fairness``.
 
     Building one installs :mod:`headway.worker.sdk_fastpath` for the process.
     """
@@ -70,8 +75,11 @@ def build_control_plane_worker(
     # Waiters hold a workflow task slot while they wait: keep at most half the slots for
     # them so the scheduler's own tasks always find one.
     waiters = AdmissionWaiters(limit=WORKER_TUNING["max_concurrent_workflow_tasks"] // 2)
-    store_acts = StoreActivities(store, client, fleet, waiters, admit_wait_s=admit_wait_s)
-    dispatch = DispatchActivities(client, store=store, waiters=waiters)
+    fairness = ShardFairness(contended_rate)
+    store_acts = StoreActivities(
+        store, client, fleet, waiters, admit_wait_s=admit_wait_s, fairness=fairness
+    )
+    dispatch = DispatchActivities(client, store=store, waiters=waiters, fairness=fairness)
     return Worker(
         client,
         task_queue=task_queue,
@@ -95,6 +103,7 @@ async def run_control_plane_worker(
     fleet: list[ClusterSpec] | None = None,
     stop: asyncio.Event | None = None,
     admit_wait_s: float | None = None,
+    contended_rate: float = DEFAULT_CONTENDED_RATE,
 ) -> None:
     """Run the control-plane worker until ``stop`` is set (or forever).
 
@@ -105,9 +114,12 @@ async def run_control_plane_worker(
         fleet: clusters known up front (the fleet file), handed to scheduler workflows.
         stop: set it to shut the worker down gracefully.
         admit_wait_s: see :func:`build_control_plane_worker`.
+        contended_rate: see :func:`build_control_plane_worker`.
     """
     store = LeaseStore(database_url)
-    worker = build_control_plane_worker(client, store, fleet or [], admit_wait_s=admit_wait_s)
+    worker = build_control_plane_worker(
+        client, store, fleet or [], admit_wait_s=admit_wait_s, contended_rate=contended_rate
+    )
     try:
         async with worker:
             await (stop.wait() if stop is not None else asyncio.Event().wait())

@@ -196,3 +196,17 @@ def test_control_plane_worker_rejects_a_bad_admit_wait_before_connecting(value, 
     assert result.exit_code != 0
     assert "--admit-wait" in result.output and named in result.output
     assert "cannot reach" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        pytest.param("-5", "-5", id="negative-rate"),
+        pytest.param("fast", "'fast'", id="rate-not-a-number"),
+    ],
+)
+def test_control_plane_worker_rejects_a_bad_contended_rate_before_connecting(value, named):
+    result = invoke("worker", "control-plane", "--contended-rate", value)
+    assert result.exit_code != 0
+    assert "--contended-rate" in result.output and named in result.output
+    assert "cannot reach" not in result.output
