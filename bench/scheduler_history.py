@@ -37,6 +37,7 @@ from headway.scheduler.model import ActionSpec, QueueSpec
 from headway.store import LeaseStore
 from headway.worker.control_plane import build_control_plane_worker
 from headway.workflows import client as hw
+from headway.workflows.scheduler import WINDOW
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -93,7 +94,7 @@ async def carried_with_pending(client: Client, store: LeaseStore, pending: int) 
     h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
     for _ in range(600):
         q = (await hw.get_queues(client, tenant))["q"]
-        if q["waiting"] >= 250:
+        if q["waiting"] >= WINDOW:  # the window full: the most it ever carries
             break
         await asyncio.sleep(0.1)
     return int(await h.query("carried_bytes"))

@@ -1,7 +1,8 @@
 """Regenerate the checked-in histories: ``python -m tests.workflows.make_histories [SUFFIX]``.
 
 Runs a small scenario on a fresh dev server (one action succeeds, one is cancelled while
-waiting, with a queue update in between) and writes the action and scheduler histories
+waiting, with a queue update in between; then a backlog of bulk-loaded leases, whose
+workflows do not exist, drains through the scheduler in bites) and writes the action and scheduler histories
 to ``tests/workflows/histories/`` as ``<name><SUFFIX>.json``. Record new ones (a new
 suffix) for a deliberate, patched change; never overwrite the old ones, which stand for
 workflows still running on the old code.
@@ -19,6 +20,7 @@ from headway.protocol import DemandRequest, SubmitRequest
 from headway.store import LeaseStore
 from headway.worker.control_plane import build_control_plane_worker
 from headway.workflows import client as hw
+from headway.workflows.scheduler import BITE
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -58,6 +60,32 @@ async def main(suffix: str = "") -> None:
             await asyncio.sleep(1.0)
             await w.cancel()
             await hw.wait_result(w)
+            # A backlog bigger than two bites: refills by a regular sync activity.
+            await hw.update_queue(client, tenant, "default", {"action_concurrency": None})
+            n = 2 * BITE + 50
+            store.put_many(
+                tenant,
+                (
+                    (
+                        f"b{i}",
+                        "default",
+                        f"gone-b{i}",
+                        {
+                            "id": f"b{i}",
+                            "queue": "default",
+                            "pods": [{"cpu": 100, "memory": 2**20}],
+                            "kind": "single",
+                        },
+                        float(i),
+                    )
+                    for i in range(n)
+                ),
+            )
+            await hw.nudge_scheduler(client, tenant, ["default"])
+            for _ in range(300):
+                if store.lease_count(tenant) == 0:
+                    break
+                await asyncio.sleep(0.1)
             await asyncio.sleep(1.0)
             sched = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
             OUT.mkdir(exist_ok=True)

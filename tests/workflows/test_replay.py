@@ -49,6 +49,8 @@ def load(name: str) -> WorkflowHistory:
         # first task (with the state that task reached).
         "action_ok_rev2",
         "action_cancelled_rev2",
+        # ... and a backlog refilled in bites, each next bite by a regular sync activity.
+        "scheduler_bites",
     ],
 )
 async def test_checked_in_histories_replay(name: str) -> None:
