@@ -101,3 +101,39 @@ async def test_every_scheduler_run_replays(plane: Plane, tenant: str) -> None:
         hist = await plane.client.get_workflow_handle(wid, run_id=w.run_id).fetch_history()
         res = await replayer.replay_workflow(hist, raise_on_replay_failure=False)
         assert res.replay_failure is None, (w.run_id, res.replay_failure)
+
+
+async def test_control_plane_worker_killed_while_a_backlog_refills_in_bites(
+    plane: Plane, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refills by a regular sync activity survive the worker: each action runs once."""
+    import headway.workflows.scheduler as sched
+
+    monkeypatch.setattr(sched, "WINDOW", 8)  # a backlog beyond the window, in bites of 3
+    monkeypatch.setattr(sched, "BITE", 3)
+    await hw.upsert_queue(
+        plane.client, tenant, {"name": "default", "action_concurrency": 6}, plane.fleet
+    )
+    n = 30
+    handles = [
+        await hw.submit(plane.client, req(tenant, f"r{i}", duration_s=0.2)) for i in range(n)
+    ]
+    await eventually(lambda: len(plane.cluster.finished) >= 6)
+    await plane.stop_control()
+    await asyncio.sleep(1.0)
+    await plane.start_control()
+    results = [await hw.wait_result(h) for h in handles]
+    assert [r.state for r in results] == ["succeeded"] * n
+    assert sorted(plane.cluster.finished) == sorted(f"r{i}" for i in range(n))
+    assert len(plane.cluster.started) == n  # admitted exactly once each
+    events = [
+        e
+        async for e in plane.client.get_workflow_handle(
+            protocol.scheduler_workflow_id(tenant)
+        ).fetch_history_events()
+    ]
+    assert any(
+        e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == sched.SYNC_ACTIVITY
+        for e in events
+    ), "no refill came by a regular sync activity"
