@@ -422,6 +422,30 @@ class _Class:
             # Runs that differ only in what they have pending: write it out.
             self.flush()
 
+    def settle_all(self, r: str) -> None:
+        """``settle(0, len(m), r)`` for a class of two members or more: every run takes
+        ``r``, so no run is split (the common case of a class whose first member's
+        answer changed, see ``Scheduler._flip``)."""
+        rs, pd = self.reasons, self.pend
+        if len(rs) == 1:
+            if rs[0] == r:
+                return
+            # In place: the lists are the class's own (``_merge_runs`` makes new ones).
+            rs[0] = r
+            p = pd[0]
+            if r not in p:
+                pd[0] = (*p, r)
+            self.lazy = True
+            return
+        self.starts, self.reasons, self.pend = _merge_runs(
+            self.starts,
+            [r] * len(rs),
+            [p if x == r or r in p else (*p, r) for x, p in zip(rs, pd, strict=True)],
+        )
+        self.lazy = any(self.pend)
+        if self.lazy and len(self.starts) > 64:
+            self.flush()
+
     def remove(self, i: int) -> None:
         """Drop member ``i`` (admitted or cancelled), its fields brought up to date."""
         st, rs, pd = self.starts, self.reasons, self.pend
@@ -1545,8 +1569,6 @@ class Scheduler:
             held = self._held_still(q, changed, now, expired)
             if held is not None:
                 return held
-        # The full check may change reasons in place (``_flip``).
-        q.hsig = None
         stale = q.stale
         if stale:
             # The records are brought up to date where they were not, as if those
@@ -1631,6 +1653,10 @@ class Scheduler:
                 self._flip(q, e)
             if self._unhold:
                 q.last_holds = ()
+        if self._flips or not ok:
+            # Reasons changed in place (``_flip``): ``_held_still``'s summary of them
+            # goes. (A failed check may have changed some before failing.)
+            q.hsig = None
         self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
         return ok
 
@@ -2211,10 +2237,15 @@ class Scheduler:
         for a in e.acts:
             c = a.cls
             assert c is not None
-            i = bisect_left(c.m, a.pos, key=_POS)
-            j = i + 1 if head else len(c.m)
+            m = c.m
+            # Most fits were made by their class's first member: no search then.
+            i = 0 if m[0] is a else bisect_left(m, a.pos, key=_POS)
+            j = i + 1 if head else len(m)
             if q.runs_ok:
-                c.settle(i, j, r)
+                if i == 0 and j == len(m) and j > 1:
+                    c.settle_all(r)
+                else:
+                    c.settle(i, j, r)
             else:
                 # The runs are recounted before the next walk (see ``_visit``).
                 for x in c.m[i:j]:
@@ -3133,12 +3164,14 @@ class Scheduler:
         their fits are kept per (selector, demand, EASY) with the capacity log position,
         the environments and the clock they were found at, so that a later walk asks
         again only of the clusters whose capacity moved since. Each fit's clock horizon
-        is kept too, and applied again as ``_earliest_fit`` would (see ``_vhz``).
+        is kept too, and applied again as ``_earliest_fit`` would (see ``_vhz``): a fit
+        stands from when it was found until its horizon (as ``_earliest_fit`` keeps it),
+        so the walk's fits stand while the clock stays before the earliest of them.
         """
         cap_end = self._cap_base + len(self._cap_log)
         ck = (sel, dkey, easy)
         hit = self._scans.get(ck)
-        if hit is not None and hit[1] == self._env_epoch and hit[2] == now:
+        if hit is not None and hit[1] == self._env_epoch and hit[2] <= now <= hit[6]:
             entries = hit[3]
             if hit[0] == cap_end:
                 # Nothing moved: the same answer, and the same notes of the clock.
