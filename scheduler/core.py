@@ -425,23 +425,20 @@ class _Class:
     def settle_all(self, r: str) -> None:
         """``settle(0, len(m), r)`` for a class of two members or more: every run takes
         ``r``, so no run is split (the common case of a class whose first member's
-        answer changed, see ``Scheduler._flip``)."""
+        answer changed, see ``Scheduler._flip``). The lists are changed in place: they
+        are the class's own (``_merge_runs`` makes new ones)."""
         rs, pd = self.reasons, self.pend
-        if len(rs) == 1:
-            if rs[0] == r:
-                return
-            # In place: the lists are the class's own (``_merge_runs`` makes new ones).
-            rs[0] = r
-            p = pd[0]
-            if r not in p:
-                pd[0] = (*p, r)
-            self.lazy = True
-            return
-        self.starts, self.reasons, self.pend = _merge_runs(
-            self.starts,
-            [r] * len(rs),
-            [p if x == r or r in p else (*p, r) for x, p in zip(rs, pd, strict=True)],
-        )
+        for k, x in enumerate(rs):
+            if x != r:
+                rs[k] = r
+                p = pd[k]
+                if r not in p:
+                    pd[k] = (*p, r)
+        # Every run has ``r`` now: neighbours with the same notes pending are one run.
+        for k in range(1, len(pd)):
+            if pd[k] == pd[k - 1]:
+                self.starts, self.reasons, self.pend = _merge_runs(self.starts, rs, pd)
+                break
         self.lazy = any(self.pend)
         if self.lazy and len(self.starts) > 64:
             self.flush()
