@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from temporalio.common import Priority
     from temporalio.converter import DataConverter
 
 
@@ -51,6 +52,25 @@ def scheduler_workflow_id(tenant: str) -> str:
 def action_workflow_id(tenant: str, action_id: str) -> str:
     """Workflow id of one action's lifecycle workflow."""
     return f"headway-action-{tenant}-{action_id}"
+
+
+def tenant_priority(tenant: str) -> Priority:
+    """Task-queue fairness by shard: every workflow of ``tenant`` (and so each of its
+    activities, which inherit it) carries the tenant as its fairness key.
+
+    Actions of all tenants share the control-plane and cluster task queues. Without
+    fairness, a tenant submitting hundreds of actions fills them, and another tenant's
+    tasks wait behind that backlog in FIFO order; with it, the server dispatches tasks of
+    different keys round-robin. A server with fairness off ignores the key.
+    """
+    from temporalio.common import Priority
+
+    return Priority(fairness_key=tenant[:64])
+
+
+#: Dynamic config a Temporal server needs for ``tenant_priority`` to act (the dev servers
+#: Headway starts pass it; on a self-hosted cluster, set it in its dynamic config).
+SERVER_DYNAMIC_CONFIG: tuple[str, ...] = ("matching.enableFairness=true",)
 
 
 # Search attributes Headway registers on the server (name -> Temporal type) so the Web UI

@@ -217,6 +217,7 @@ class StoreActivities:
             start_signal=NUDGE_SIGNAL,
             start_signal_args=[channel],
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            priority=protocol.tenant_priority(tenant),
         )
 
     @activity.defn(name=PUT_LEASE)

@@ -26,6 +26,9 @@ async def start_server() -> WorkflowEnvironment:
         dev_server_existing_path=str(TEMPORAL),
         search_attributes=[SearchAttributeKey.for_keyword(n) for n in protocol.SEARCH_ATTRIBUTES],
         dev_server_log_level="error",
+        dev_server_extra_args=[
+            a for kv in protocol.SERVER_DYNAMIC_CONFIG for a in ("--dynamic-config-value", kv)
+        ],
         data_converter=protocol.data_converter(),
     )
 

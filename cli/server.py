@@ -54,6 +54,8 @@ def server_argv(
         argv += ["--ui-port", str(ui_port), "--ui-disable-news-fetch"]
     for name, kind in protocol.SEARCH_ATTRIBUTES.items():
         argv += ["--search-attribute", f"{name}={kind}"]
+    for kv in protocol.SERVER_DYNAMIC_CONFIG:  # tenant fairness (protocol.tenant_priority)
+        argv += ["--dynamic-config-value", kv]
     return argv
 
 

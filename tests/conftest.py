@@ -17,6 +17,8 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     extra: list[str] = []
     for name, kind in protocol.SEARCH_ATTRIBUTES.items():
         extra += ["--search-attribute", f"{name}={kind}"]
+    for kv in protocol.SERVER_DYNAMIC_CONFIG:
+        extra += ["--dynamic-config-value", kv]
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         dev_server_extra_args=extra,

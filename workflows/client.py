@@ -70,6 +70,7 @@ async def submit(
         task_queue=protocol.CONTROL_TASK_QUEUE,
         search_attributes=sa,
         memo=memo,
+        priority=protocol.tenant_priority(req.tenant),
     )
 
 
@@ -83,6 +84,7 @@ async def ensure_scheduler(
         id=protocol.scheduler_workflow_id(tenant),
         task_queue=protocol.CONTROL_TASK_QUEUE,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        priority=protocol.tenant_priority(tenant),
     )
 
 

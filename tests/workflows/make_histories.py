@@ -34,6 +34,9 @@ async def main(suffix: str = "") -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(TEMPORAL),
         search_attributes=[SearchAttributeKey.for_keyword(n) for n in protocol.SEARCH_ATTRIBUTES],
+        dev_server_extra_args=[
+            a for kv in protocol.SERVER_DYNAMIC_CONFIG for a in ("--dynamic-config-value", kv)
+        ],
         data_converter=protocol.data_converter(),
     )
     tmp = tempfile.mkdtemp()

@@ -9,7 +9,7 @@ from headway import protocol
 from headway.workflows import client as hw
 from headway.workflows.action import ActionWorkflow
 from headway.workflows.scheduler import SchedulerWorkflow
-from headway.workflows.shared import SchedulerInput
+from headway.workflows.shared import SYNC_ACTIVITY, SchedulerInput
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.worker import Replayer
 
@@ -134,6 +134,6 @@ async def test_control_plane_worker_killed_while_a_backlog_refills_in_bites(
     ]
     assert any(
         e.HasField("activity_task_scheduled_event_attributes")
-        and e.activity_task_scheduled_event_attributes.activity_type.name == sched.SYNC_ACTIVITY
+        and e.activity_task_scheduled_event_attributes.activity_type.name == SYNC_ACTIVITY
         for e in events
     ), "no refill came by a regular sync activity"

@@ -333,3 +333,25 @@ async def test_revision_decides_the_path_without_patch_markers(
 
     assert desc.typed_search_attributes.get(SA["HeadwayState"]) == "succeeded"
     assert desc.typed_search_attributes.get(SA["HeadwayQueue"]) == "default"
+
+
+async def test_every_workflow_of_a_tenant_carries_it_as_fairness_key(
+    plane: Plane, tenant: str
+) -> None:
+    """Task-queue fairness by shard: actions, their scheduler, and (inherited) activities."""
+    await setup_queue(plane, tenant)
+    h = await hw.submit(plane.client, req(tenant, "fk"))
+    assert (await hw.wait_result(h)).state == "succeeded"
+    sched = plane.client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    for handle in (h, sched):
+        events = [e async for e in handle.fetch_history_events()]
+        started = events[0].workflow_execution_started_event_attributes
+        assert started.priority.fairness_key == tenant
+    # The cluster activity inherits it (nothing set on it explicitly).
+    events = [e async for e in h.fetch_history_events()]
+    scheduled = [
+        e.activity_task_scheduled_event_attributes
+        for e in events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled and all(not a.priority.fairness_key for a in scheduled)
