@@ -48,7 +48,7 @@ from headway.worker import sdk_fastpath
 from headway.worker.control_plane import WORKER_TUNING, build_control_plane_worker
 from headway.workflows import client as hw
 from temporalio.client import Client
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import PollerBehaviorAutoscaling, UnsandboxedWorkflowRunner, Worker
 
 BARE_QUEUE = "bench-bare"
 #: The same bare workflow on a worker without the SDK's sandbox, as Headway's run.
@@ -163,6 +163,7 @@ async def main() -> None:
                 task_queue=BARE_ACTIVITY_QUEUE,
                 activities=[noop],
                 max_concurrent_activities=500,
+                activity_task_poller_behavior=PollerBehaviorAutoscaling(),
             ),
             build_control_plane_worker(client, store, fleet),
             Worker(
@@ -170,6 +171,7 @@ async def main() -> None:
                 task_queue=protocol.cluster_task_queue(fleet[0].name),
                 activities=[instant_run, instant_delete],
                 max_concurrent_activities=500,
+                activity_task_poller_behavior=PollerBehaviorAutoscaling(),  # as worker/cluster.py
             ),
         ):
             await hw.upsert_queue(client, tenant, {"name": "bench"}, fleet)

@@ -31,7 +31,7 @@ from headway.scheduler.model import ClusterSpec, NodeGroup
 from headway.scheduler.resources import Pod
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 __all__ = ["DEFAULT_SIM_CLUSTER", "capacity_loop", "make_backend", "run_cluster_worker"]
 
@@ -176,6 +176,9 @@ async def run_cluster_worker(
             task_queue=cluster_task_queue(cluster),
             activities=acts.activities(),
             max_concurrent_activities=max_concurrent_activities,
+            # A burst of admissions to this cluster is picked up by as many pollers as
+            # its backlog needs, not five.
+            activity_task_poller_behavior=PollerBehaviorAutoscaling(),
             graceful_shutdown_timeout=timedelta(seconds=0),
         )
         worker_task = asyncio.create_task(worker.run())
