@@ -38,7 +38,7 @@ import json
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -468,26 +468,11 @@ class SchedulerWorkflow:
             forget=forget,
             wants_ends=wants,
         )
-        retry = RetryPolicy(maximum_interval=timedelta(seconds=10))
-        res: SyncOutput
-        if remote:
-            res = await workflow.execute_activity(
-                SYNC_ACTIVITY,
-                inp,
-                result_type=SyncOutput,
-                # A sync takes milliseconds (a 1M-lease store: ~50 ms); if its worker
-                # dies, the retry (same token, same claims) should not wait long.
-                start_to_close_timeout=timedelta(seconds=10),
-                retry_policy=retry,
-            )
-        else:
-            res = await workflow.execute_local_activity(
-                SYNC_ACTIVITY,
-                inp,
-                result_type=SyncOutput,
-                start_to_close_timeout=timedelta(seconds=60),
-                retry_policy=retry,
-            )
+        # A remote sync takes milliseconds (a 1M-lease store: ~50 ms); if its worker dies,
+        # the retry (same token, same claims) should not wait long.
+        res = await _activity(
+            SYNC_ACTIVITY, inp, SyncOutput, local=not remote, timeout_s=10 if remote else 60
+        )
         self._claimed += len(res.leases)
         self._stats["syncs"] += 1
         if wants is not None:
@@ -557,23 +542,13 @@ class SchedulerWorkflow:
 
     async def _dispatch(self, batch: DispatchBatch, local: bool = False) -> None:
         try:
-            res: DispatchResult
-            if local:
-                res = await workflow.execute_local_activity(
-                    DISPATCH_ACTIVITY,
-                    batch,
-                    result_type=DispatchResult,
-                    start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
-                )
-            else:
-                res = await workflow.execute_activity(
-                    DISPATCH_ACTIVITY,
-                    batch,
-                    result_type=DispatchResult,
-                    start_to_close_timeout=timedelta(seconds=120),
-                    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
-                )
+            res = await _activity(
+                DISPATCH_ACTIVITY,
+                batch,
+                DispatchResult,
+                local=local,
+                timeout_s=30 if local else 120,
+            )
         finally:
             self._inflight -= 1
             self._changed = True
@@ -669,6 +644,26 @@ class SchedulerWorkflow:
 
 
 # --- helpers -------------------------------------------------------------------------
+
+_T = TypeVar("_T")
+_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=10))
+
+
+async def _activity(
+    name: str, arg: Any, result_type: type[_T], *, local: bool, timeout_s: float
+) -> _T:
+    """Run activity ``name`` locally (in this workflow task) or as a regular activity."""
+    timeout = timedelta(seconds=timeout_s)
+    res: _T
+    if local:
+        res = await workflow.execute_local_activity(
+            name, arg, result_type=result_type, start_to_close_timeout=timeout, retry_policy=_RETRY
+        )
+    else:
+        res = await workflow.execute_activity(
+            name, arg, result_type=result_type, start_to_close_timeout=timeout, retry_policy=_RETRY
+        )
+    return res
 
 
 def _apply(fn: Any) -> Any:

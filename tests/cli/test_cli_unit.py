@@ -185,28 +185,16 @@ def test_console_script_exits_with_the_commands_code():
 
 
 @pytest.mark.parametrize(
-    ("value", "named"),
+    ("option", "value", "named"),
     [
-        pytest.param("-1", "-1", id="negative"),
-        pytest.param("soon", "'soon'", id="not-a-number"),
+        pytest.param("--admit-wait", "-1", "-1", id="negative-admit-wait"),
+        pytest.param("--admit-wait", "soon", "'soon'", id="admit-wait-not-a-number"),
+        pytest.param("--contended-rate", "-5", "-5", id="negative-contended-rate"),
+        pytest.param("--contended-rate", "fast", "'fast'", id="contended-rate-not-a-number"),
     ],
 )
-def test_control_plane_worker_rejects_a_bad_admit_wait_before_connecting(value, named):
-    result = invoke("worker", "control-plane", "--admit-wait", value)
+def test_control_plane_worker_rejects_a_bad_setting_before_connecting(option, value, named):
+    result = invoke("worker", "control-plane", option, value)
     assert result.exit_code != 0
-    assert "--admit-wait" in result.output and named in result.output
-    assert "cannot reach" not in result.output
-
-
-@pytest.mark.parametrize(
-    ("value", "named"),
-    [
-        pytest.param("-5", "-5", id="negative-rate"),
-        pytest.param("fast", "'fast'", id="rate-not-a-number"),
-    ],
-)
-def test_control_plane_worker_rejects_a_bad_contended_rate_before_connecting(value, named):
-    result = invoke("worker", "control-plane", "--contended-rate", value)
-    assert result.exit_code != 0
-    assert "--contended-rate" in result.output and named in result.output
+    assert option in result.output and named in result.output
     assert "cannot reach" not in result.output
