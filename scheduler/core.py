@@ -402,7 +402,7 @@ class _Class:
                     a.note(r)
                     p = ()
                 elif r not in p:
-                    p = (*p, r)
+                    p = _noted(p, r)
             new_st.append(lo)
             new_rs.append(r)
             new_pd.append(p)
@@ -433,7 +433,7 @@ class _Class:
                 rs[k] = r
                 p = pd[k]
                 if r not in p:
-                    pd[k] = (*p, r)
+                    pd[k] = _noted(p, r)
         # Every run has ``r`` now: neighbours with the same notes pending are one run.
         for k in range(1, len(pd)):
             if pd[k] == pd[k - 1]:
@@ -458,6 +458,22 @@ class _Class:
             del pd[k]
             self.starts, self.reasons, self.pend = _merge_runs(st, rs, pd)
             self.lazy = any(self.pend)
+
+
+# Runs' pending notes, one tuple per value: the values are few, and a class keeps its
+# runs' notes from pass to pass (the collector need not walk a new tuple for each).
+_NOTED: dict[tuple[tuple[str, ...], str], tuple[str, ...]] = {}
+
+
+def _noted(p: tuple[str, ...], r: str) -> tuple[str, ...]:
+    """``(*p, r)``, shared."""
+    k = (p, r)
+    got = _NOTED.get(k)
+    if got is None:
+        if len(_NOTED) > 4096:
+            _NOTED.clear()  # only shares equal tuples: never let it grow unbounded
+        got = _NOTED[k] = (*p, r)
+    return got
 
 
 def _merge_runs(
@@ -1287,6 +1303,8 @@ class Scheduler:
                     if len(holds) < n_clusters and q.last_holds:
                         # (Else every cluster is held already.) ``_effect`` inlined, as
                         # for reservations below.
+                        # An effect the same as the last pass's at its place is that
+                        # one, kept (fewer young objects for the collector to walk).
                         prev = self._prev_effects
                         for cname, head in q.last_holds:
                             if cname not in holds:
@@ -1303,6 +1321,9 @@ class Scheduler:
                                         or p[4] is not None
                                     ):
                                         self._diverged = i
+                                    else:
+                                        effects.append(p)
+                                        continue
                                 effects.append(("h", cname, head, None, None))
                     if q.last_resv:
                         # ``_reserve_on`` and ``_effect`` inlined: every skipped
@@ -1328,6 +1349,9 @@ class Scheduler:
                                     or p[4] != ver
                                 ):
                                     self._diverged = i
+                                elif p[5] is r:
+                                    effects.append(p)
+                                    continue
                             effects.append(("r", cname, r.time, r.head, ver, r))
                     q.cap_pos = cap_end
                     # Its records now stand for this pass's upstream (the views were

@@ -188,3 +188,92 @@ def test_a_full_check_that_changes_no_reason_keeps_the_held_summary() -> None:
     s.finish("F3", 3.0)
     s.schedule(3.0)
     assert {n: s.queues[n].hsig for n in before} == before
+
+
+# --- effects remade by skipped queues: the last pass's tuple kept when alike ----------
+#
+# A queue found unchanged makes its holds and reservations again, each an effect in the
+# pass's list; where the effect is the one the last pass made at that place (same kind,
+# cluster, head, time, EASY version, and the very reservation) that tuple is kept.
+# Whatever is kept must read as the pass's own holds and reservations say, and the
+# decisions must be the plain loop's. (The ops are ``_drive``'s.)
+
+EFFECT_CASES = [
+    pytest.param([("tick", 1.0), ("tick", 2.0)], True,
+                 id="nothing-changes-every-skipped-queue-keeps-the-last-pass-effects"),
+    pytest.param([("finish", "F0", 1.0), ("finish", "F3", 2.0), ("finish", "F6", 3.0)], True,
+                 id="completions-below-the-hold-the-unmoved-effects-are-kept"),
+    pytest.param([("finish", "F0", 1.0), ("submit", "e", "EG", GANG, 2.0), ("tick", 3.0),
+                  ("submit", "e", "ES", (NODE,), 4.0)], True,
+                 id="a-reserving-head-then-an-action-after-it-decided-on-the-kept-effects"),
+    pytest.param([("finish", "F0", 1.0), ("tick", 8.0), ("finish", "F7", 9.0), ("tick", 30.0)],
+                 True, id="the-clock-passes-estimated-ends-reservations-move-then-stand"),
+    pytest.param([("cancel", "H", 1.0), ("finish", "F0", 2.0), ("tick", 3.0)], True,
+                 id="the-hold-goes-the-effects-diverge-then-stand-again"),
+    pytest.param([("tick", 6.0), ("tick", 7.0), ("tick", 9.0)], True,
+                 id="past-an-estimated-end-each-pass-reserves-at-its-clock-the-holds-are-kept"),
+]  # fmt: skip
+
+
+def _effects_read_as_made(s: core.Scheduler) -> None:
+    """Every effect says what the pass's holds and reservations are."""
+    for e in s._effects:
+        if e[0] == "h":
+            assert s._holds[e[1]] == e[2] and e[3:] == (None, None)
+        else:
+            r = e[5]
+            assert any(x is r for x in s._resv[e[1]])
+            ver = r.extra.version if r.extra is not None else -1
+            assert e[2:5] == (r.time, r.head, ver)
+
+
+def _drive_effects(ops: list[Op], incremental: bool) -> tuple[list[Any], int]:
+    """The log of every pass, and how many effects were the last pass's tuples."""
+    s = _build(incremental)
+    log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
+    kept = 0
+    for i, op in enumerate(ops):
+        t = op[-1]
+        if op[0] == "finish":
+            s.finish(op[1], t)
+        elif op[0] == "cancel":
+            assert s.cancel(op[1], t)
+        elif op[0] == "submit":
+            spec = ActionSpec(op[2], op[1], op[3], submit=t, seq=1000 + i, estimate=10.0)
+            assert s.submit(spec, t) is None
+        log.append(sorted(x.action_id for x in s.schedule(t)))
+        log.append(_state(s))
+        _effects_read_as_made(s)
+        prev = {id(e) for e in s._prev_effects}
+        kept += sum(id(e) in prev for e in s._effects)
+    return log, kept
+
+
+@pytest.mark.parametrize(("ops", "some_kept"), EFFECT_CASES)
+def test_kept_effects_read_as_made_and_decide_as_the_plain_loop(
+    ops: list[Op], some_kept: bool
+) -> None:
+    fast, kept = _drive_effects(ops, True)
+    plain, _ = _drive_effects(ops, False)
+    assert fast == plain
+    assert (kept > 0) == some_kept
+
+
+# --- run notes shared -----------------------------------------------------------------
+
+NOTED_CASES = [
+    pytest.param((), "HeldForGang", id="a-first-note"),
+    pytest.param(("NoClusterCapacity",), "HeldForGang", id="a-second-note-after-the-first"),
+    pytest.param(("HeldForGang", "NoClusterCapacity"), "BackfillWindow",
+                 id="a-third-note-in-order"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("p", "r"), NOTED_CASES)
+def test_noted_is_the_notes_plus_one_shared_between_runs(p: tuple[str, ...], r: str) -> None:
+    got = core._noted(p, r)
+    assert got == (*p, r)
+    assert core._noted(tuple(p), r) is got
+    core._NOTED.clear()
+    again = core._noted(p, r)
+    assert again == (*p, r)
