@@ -807,6 +807,9 @@ class Scheduler:
         self._stale_cache: dict[tuple[int, int], tuple[Any, Any, frozenset[str]]] = {}
         # Per pass: ``_soft_since(pos, 64)`` by (pos, log end), for ``_any_room``.
         self._moved_cache: dict[tuple[int, int], set[str] | None] = {}
+        # Per pass: ``_held_still``'s answer for a reservation record, by what the
+        # answer reads (see there).
+        self._resv_cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._effects: list[tuple[Any, ...]] = []
         self._prev_effects: list[tuple[Any, ...]] = []
         self._diverged: int | None = None
@@ -1222,6 +1225,7 @@ class Scheduler:
         self._hsig_cache = {}
         self._stale_cache = {}
         self._moved_cache = {}
+        self._resv_cache = {}
         # Holds and reservations bind the queues after the one that made them. A queue
         # may be skipped only if what came before it this pass is what came before it
         # last pass: track where this pass's effects first differ from the last's.
@@ -1806,32 +1810,42 @@ class Scheduler:
         if not got:
             return None
         rec = q.resv_rec
+        rn: tuple[Any, ...] | None = None
         if rec is not None:
-            # A head with room now would not reserve (``_still``'s ``head_went``).
-            clusters = self.clusters
-            for n in changed:
-                c = clusters.get(n)
-                if c is not None and c.healthy and self._room(c, rec.dkey, rec.runs):
-                    return None
-        outer_h, outer_hist, outer_hz = self._horizon, self._vhist, self._vhz
+            # Records alike read alike: what ``_resv_now`` answers for a record, and
+            # the horizons it reads, depend only on the record's fields, the changed
+            # clusters, the selector, capacity and environments (the log's end and the
+            # environment epoch date them within a pass), so queues whose records are
+            # alike share one answer.
+            at = (self._cap_base + len(self._cap_log), self._env_epoch)
+            rk = (rec.dkey, rec.easy, rec.where, rec.time, rec.key, rec.held, sel, id(changed))
+            rn = self._resv_cache.get(rk)
+            if rn is None or rn[0] is not changed or rn[1] != at:
+                rn = self._resv_answer(rec, changed, now, sel)
+                rn = self._resv_cache[rk] = (changed, at, *rn)
+            if rn[2] is None:
+                return None
         hz = q.hz
         if expired:
             for n in expired:
                 del hz[n]
-            self._horizon = min(hz.values(), default=_INF)
+            horizon = min(hz.values(), default=_INF)
         else:
-            self._horizon = q.horizon
-        self._vhz = hz
-        self._vhist = False
+            horizon = q.horizon
         ok = True
-        if rec is not None:
-            ok, moved = self._resv_now(rec, changed, now, sel)
+        if rn is not None:
+            assert rec is not None
+            ok, moved, rh, rhz = rn[2], rn[3], rn[4], rn[5]
+            if rh < horizon:
+                horizon = rh
+            for n, h in rhz.items():
+                if h < hz.get(n, _INF):
+                    hz[n] = h
             if ok and moved is not None:
                 ok = self._resv_move(q, rec, moved, changed)
         if ok:
-            q.horizon = self._horizon
-            q.hz = self._vhz
-            q.hist_dep = q.hist_dep or self._vhist
+            q.horizon = horizon
+            q.hist_dep = q.hist_dep or (rn is not None and rn[6])
             q.last_hist = self._hist_epoch
             prev = q.stale
             sk = (id(prev), id(changed))
@@ -1843,8 +1857,33 @@ class Scheduler:
                     frozenset(changed) if prev is None else prev.union(changed),
                 )
             q.stale = hit[2]
-        self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
         return ok
+
+    def _resv_answer(
+        self,
+        rec: _ResvRecord,
+        changed: set[str] | frozenset[str],
+        now: float,
+        sel: tuple[str, ...] | None,
+    ) -> tuple[Any, ...]:
+        """``_held_still``'s reading of a reserving queue's record: (None,) if the head
+        has room on a changed cluster (it would not reserve: ``_still``'s
+        ``head_went``); else ``_resv_now``'s (ok, moved), with the earliest horizon
+        and the horizons by cluster it read, and whether it read the task history."""
+        clusters = self.clusters
+        for n in changed:
+            c = clusters.get(n)
+            if c is not None and c.healthy and self._room(c, rec.dkey, rec.runs):
+                return (None,)
+        outer_h, outer_hist, outer_hz = self._horizon, self._vhist, self._vhz
+        self._horizon = _INF
+        self._vhz = {}
+        self._vhist = False
+        try:
+            ok, moved = self._resv_now(rec, changed, now, sel)
+            return (ok, moved, self._horizon, self._vhz, self._vhist)
+        finally:
+            self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
 
     def _new_head(self, q: _Queue, now: float) -> bool:
         """A reserving queue whose head now has room on a changed cluster: would a visit

@@ -1,0 +1,158 @@
+"""Reserving queues below a held fleet share their re-checks when their records are alike.
+
+``Scheduler._held_still`` asks, for a reserving queue, whether its head's reservation
+would be made where it was (``_resv_now``), and reads the horizons that answer holds
+until. That answer depends only on the record (demand, algorithm, where and when it
+reserved, which clusters it held instead), the changed clusters, the selector, and
+capacity: queues whose records are alike share it within a pass (``_resv_answer``,
+kept in ``_resv_cache``). These cases pin the shared answers down against the plain loop
+(``Scheduler(incremental=False)``): same admissions, same reasons, step by step.
+
+Four clusters ``c0`` to ``c3`` of two 16-CPU nodes each, filled by queue ``fill``
+(critical, eight node-sized actions ``F0`` to ``F7`` with spread estimated ends). Queue
+``hold`` (high, strict) has a head ``H`` that wants a whole cluster: it finds no room and
+holds all four. Below it, reserving queues (``e1``-``e3`` easy, ``b1``-``b2``
+backfill, two with a selector) wait with alike whole-cluster heads (which find room
+nowhere while any node is taken, and reserve) and node-sized and small actions behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from headway.scheduler import (
+    ActionSpec,
+    Algorithm,
+    ClusterSpec,
+    NodeGroup,
+    Priority,
+    QueueSpec,
+    Scheduler,
+)
+from headway.scheduler.resources import Pod
+
+GI = 2**30
+NODE = Pod(cpu=16_000, memory=64 * GI)
+SMALL = Pod(cpu=2_000, memory=8 * GI)
+BELOW = {
+    "e1": (Algorithm.easy, None),
+    "e2": (Algorithm.easy, None),
+    "e3": (Algorithm.easy, ("c1", "c2")),
+    "b1": (Algorithm.backfill, None),
+    "b2": (Algorithm.backfill, ("c1", "c2")),
+}
+
+Op = tuple[Any, ...]
+
+CASES = [
+    pytest.param(
+        [("finish", "F0", 1.0), ("finish", "F3", 2.0), ("finish", "F5", 3.0)],
+        id="completions-below-a-held-fleet-alike-reservations-share-one-answer"),
+    pytest.param(
+        [("finish", "F1", 1.0), ("tick", 9.0), ("finish", "F6", 10.0), ("tick", 26.0)],
+        id="the-clock-passes-estimated-ends-shared-horizons-expire-per-queue"),
+    pytest.param(
+        [("finish", "F4", 1.0), ("finish", "F5", 2.0), ("tick", 6.0), ("finish", "F2", 7.0),
+         ("tick", 12.0), ("finish", "F7", 14.0), ("tick", 20.0)],
+        id="overdue-ends-move-the-shared-reservations-with-the-clock"),
+    pytest.param(
+        [("finish", "F2", 1.0), ("finish", "F3", 2.0), ("cancel", "E10", 3.0),
+         ("finish", "F4", 4.0)],
+        id="a-reserved-cluster-empties-its-reservation-moves-for-every-alike-queue"),
+    pytest.param(
+        [("finish", "F0", 1.0), ("submit", "e2", "E29", NODE, 2.0), ("finish", "F7", 3.0),
+         ("cancel", "H", 4.0)],
+        id="a-queue-below-changes-then-the-hold-goes-and-full-checks-take-over"),
+    pytest.param(
+        [("finish", "F2", 1.0), ("finish", "F6", 2.0), ("finish", "F3", 3.0),
+         ("finish", "F7", 4.0)],
+        id="a-whole-cluster-empties-the-heads-below-would-not-reserve"),
+]  # fmt: skip
+
+
+def _build(incremental: bool) -> Scheduler:
+    clusters = [ClusterSpec(f"c{i}", (NodeGroup("n", 2, NODE),)) for i in range(4)]
+    queues = [
+        QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
+        QueueSpec("hold", priority=Priority.high, algorithm=Algorithm.strict),
+        *(
+            QueueSpec(n, priority=Priority.medium, algorithm=a, clusters=sel)
+            for n, (a, sel) in BELOW.items()
+        ),
+    ]
+    s = Scheduler(clusters, queues, incremental=incremental)
+    seq = 0
+
+    def add(queue: str, aid: str, pods: tuple[Pod, ...], est: float) -> None:
+        nonlocal seq
+        seq += 1
+        assert (
+            s.submit(ActionSpec(aid, queue, pods, submit=0.0, seq=seq, estimate=est), 0.0) is None
+        )
+
+    for i in range(8):
+        add("fill", f"F{i}", (NODE,), 5.0 + 4 * i)
+    add("hold", "H", (NODE, NODE), 50.0)
+    for name in BELOW:
+        p = name.upper()
+        for k, pods in enumerate([(NODE, NODE), (SMALL,), (NODE,), (SMALL,)]):
+            add(name, f"{p}{k}", pods, 10.0 * (k % 2 + 1))
+    return s
+
+
+def _state(s: Scheduler) -> list[Any]:
+    """Every action's state and reasons, and the pass's reservations (which a held
+    fleet hides from the reasons below it until the hold goes)."""
+    resv = sorted((c, r.time, r.head) for c, rs in s._resv.items() for r in rs)
+    acts = sorted((a.id, a.state, a.cluster, a.last, tuple(a.reasons)) for a in s.actions.values())
+    return [resv, acts]
+
+
+def _run(ops: list[Op], incremental: bool) -> tuple[list[Any], int, int]:
+    """The log of every pass, how many reserving queues the held path re-checked, and
+    how many answers it worked out for them."""
+    s = _build(incremental)
+    log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
+    asked = 0
+    worked = 0
+    real_held, real_answer = s._held_still, s._resv_answer
+
+    def held(q: Any, *args: Any) -> bool | None:
+        nonlocal asked
+        asked += q.resv_rec is not None
+        return real_held(q, *args)
+
+    def answer(*args: Any) -> tuple[Any, ...]:
+        nonlocal worked
+        worked += 1
+        return real_answer(*args)
+
+    s._held_still = held  # type: ignore[method-assign,assignment]
+    s._resv_answer = answer  # type: ignore[method-assign,assignment]
+    for op in ops:
+        t = op[-1]
+        if op[0] == "finish":
+            s.finish(op[1], t)
+        elif op[0] == "cancel":
+            assert s.cancel(op[1], t)
+        elif op[0] == "submit":
+            _, q, aid, pod, _t = op
+            assert s.submit(ActionSpec(aid, q, (pod,), submit=t, seq=1000 + len(log)), t) is None
+        log.append(sorted(x.action_id for x in s.schedule(t)))
+        log.append(_state(s))
+    return log, asked, worked
+
+
+@pytest.mark.parametrize("ops", CASES)
+def test_shared_reservation_rechecks_decide_as_the_plain_loop(ops: list[Op]) -> None:
+    fast, asked, _ = _run(ops, True)
+    plain, plain_asked, _ = _run(ops, False)
+    assert fast == plain
+    assert asked > 0  # the held path re-checked reserving queues
+    assert plain_asked == 0
+
+
+def test_alike_records_are_worked_out_once_per_pass() -> None:
+    _, asked, worked = _run([("finish", "F0", 1.0), ("finish", "F3", 2.0)], True)
+    assert asked > worked > 0
