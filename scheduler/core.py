@@ -1680,8 +1680,12 @@ class Scheduler:
                 q.last_holds = ()
         if self._flips or not ok:
             # Reasons changed in place (``_flip``): ``_held_still``'s summary of them
-            # goes. (A failed check may have changed some before failing.)
+            # goes. (A failed check may have changed some before failing.) Reasons
+            # that changed together stand together for a while: the summary is made
+            # again now, in the pass that changed them, not in the next.
             q.hsig = None
+            if ok:
+                self._held_summary(q)
         self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
         return ok
 
@@ -1775,26 +1779,9 @@ class Scheduler:
         evals = q.evals
         hsig = q.hsig
         if hsig is None or q.hsig_of is not evals or q.hsig_n != len(evals):
-            # Each demand's fits, and whether they found room: what the answers read.
-            # (Keyed by demand key alone: hashing the pods costs more.)
-            want: dict[int, bool] = {}
-            for e in evals:
-                r = e.reason
-                if r is Reason.HeldForGang:
-                    w = True
-                elif r is Reason.NoClusterCapacity:
-                    w = False
-                else:
-                    return None
-                if want.setdefault(e.dkey, w) is not w:
-                    return None
-            key = tuple(sorted(2 * d + w for d, w in want.items()))
-            intern = self._hsig_intern
-            if len(intern) > 4096:
-                intern.clear()  # only shares equal summaries: never let it grow unbounded
-            hsig = q.hsig = intern.setdefault(key, key)
-            q.hsig_of = evals
-            q.hsig_n = len(evals)
+            hsig = self._held_summary(q)
+            if hsig is None:
+                return None
         # Queues with the same selector and demands share the verdict within a pass.
         vk = (sel, hsig)
         got = self._hsig_cache.get(vk)
@@ -1884,6 +1871,37 @@ class Scheduler:
             return (ok, moved, self._horizon, self._vhz, self._vhist)
         finally:
             self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
+
+    def _held_summary(self, q: _Queue) -> tuple[int, ...] | None:
+        """``_held_still``'s summary of ``q``'s fits (kept in ``q.hsig``): each demand's
+        key, doubled, plus whether its fits found room (``HeldForGang``) or not
+        (``NoClusterCapacity``), sorted; None if some fit's reason is neither, or a
+        demand's fits disagree. (Keyed by demand key alone: hashing the pods costs
+        more.)"""
+        evals = q.evals
+        want: dict[int, bool] = {}
+        for e in evals:
+            r = e.reason
+            if r is Reason.HeldForGang:
+                w = True
+            elif r is Reason.NoClusterCapacity:
+                w = False
+            else:
+                return None
+            if want.setdefault(e.dkey, w) is not w:
+                return None
+        if len(want) == 1:
+            ((d, w),) = want.items()
+            key: tuple[int, ...] = (2 * d + w,)
+        else:
+            key = tuple(sorted([2 * d + w for d, w in want.items()]))
+        intern = self._hsig_intern
+        if len(intern) > 4096:
+            intern.clear()  # only shares equal summaries: never let it grow unbounded
+        hsig = q.hsig = intern.setdefault(key, key)
+        q.hsig_of = evals
+        q.hsig_n = len(evals)
+        return hsig
 
     def _new_head(self, q: _Queue, now: float) -> bool:
         """A reserving queue whose head now has room on a changed cluster: would a visit
