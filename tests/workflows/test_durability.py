@@ -97,10 +97,18 @@ async def test_every_scheduler_run_replays(plane: Plane, tenant: str) -> None:
     replayer = Replayer(
         workflows=[ActionWorkflow, SchedulerWorkflow], data_converter=protocol.data_converter()
     )
+    replayed = 0
     for w in runs:
         hist = await plane.client.get_workflow_handle(wid, run_id=w.run_id).fetch_history()
+        if not any(e.HasField("workflow_task_completed_event_attributes") for e in hist.events):
+            # A run continued into a moment ago, its first task not yet done (its history
+            # can be the started event alone): nothing to replay, and the replayer would
+            # wait for a task that is not there.
+            continue
         res = await replayer.replay_workflow(hist, raise_on_replay_failure=False)
         assert res.replay_failure is None, (w.run_id, res.replay_failure)
+        replayed += 1
+    assert replayed >= 2
 
 
 async def test_control_plane_worker_killed_while_a_backlog_refills_in_bites(
