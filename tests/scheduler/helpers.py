@@ -14,10 +14,14 @@ Every builder returns plain dicts; ``scenario`` dumps them to YAML so the whole 
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
+from headway.scheduler import ActionSpec, Scheduler
+from headway.scheduler.resources import Pod
 from headway.scheduler.scenario import load_scenario
 from headway.scheduler.simulator import simulate
 
@@ -144,3 +148,15 @@ def by_id(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def timeline(doc: dict[str, Any]) -> dict[str, tuple[Any, Any, Any, str]]:
     """id -> (start, end, cluster, status)."""
     return {a["id"]: (a["start"], a["end"], a["cluster"], a["status"]) for a in doc["actions"]}
+
+
+def submitter(s: Scheduler) -> Callable[[str, str, tuple[Pod, ...], float], None]:
+    """``add(queue, action_id, pods, estimate)``: submit to ``s`` at time 0, in call
+    order (seq 1, 2, ...), and assert the core accepts it."""
+    seq = itertools.count(1)
+
+    def add(queue: str, aid: str, pods: tuple[Pod, ...], est: float) -> None:
+        a = ActionSpec(aid, queue, pods, submit=0.0, seq=next(seq), estimate=est)
+        assert s.submit(a, 0.0) is None
+
+    return add

@@ -34,6 +34,8 @@ from headway.scheduler import (
 from headway.scheduler.fit import runs_of
 from headway.scheduler.resources import Pod
 
+from .helpers import submitter
+
 GI = 2**30
 NODE = Pod(cpu=16_000, memory=64 * GI)
 HALF = Pod(cpu=8_000, memory=32 * GI)
@@ -80,14 +82,7 @@ def _build(incremental: bool) -> Scheduler:
         *(QueueSpec(n, priority=Priority.medium, algorithm=a) for n, a in BELOW.items()),
     ]
     s = Scheduler(clusters, queues, incremental=incremental)
-    seq = 0
-
-    def add(queue: str, aid: str, pods: tuple[Pod, ...], est: float) -> None:
-        nonlocal seq
-        seq += 1
-        assert (
-            s.submit(ActionSpec(aid, queue, pods, submit=0.0, seq=seq, estimate=est), 0.0) is None
-        )
+    add = submitter(s)
 
     for i in range(10):
         # Estimated ends spread out, so that the clock passes some of them.

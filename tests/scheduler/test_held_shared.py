@@ -32,6 +32,8 @@ from headway.scheduler import (
 )
 from headway.scheduler.resources import Pod
 
+from .helpers import submitter
+
 GI = 2**30
 NODE = Pod(cpu=16_000, memory=64 * GI)
 SMALL = Pod(cpu=2_000, memory=8 * GI)
@@ -86,14 +88,7 @@ def _build(incremental: bool) -> Scheduler:
         ),
     ]
     s = Scheduler(clusters, queues, incremental=incremental)
-    seq = 0
-
-    def add(queue: str, aid: str, pods: tuple[Pod, ...], est: float) -> None:
-        nonlocal seq
-        seq += 1
-        assert (
-            s.submit(ActionSpec(aid, queue, pods, submit=0.0, seq=seq, estimate=est), 0.0) is None
-        )
+    add = submitter(s)
 
     for i in range(8):
         add("fill", f"F{i}", (NODE,), 5.0 + 4 * i)
