@@ -160,3 +160,19 @@ def submitter(s: Scheduler) -> Callable[[str, str, tuple[Pod, ...], float], None
         assert s.submit(a, 0.0) is None
 
     return add
+
+
+def apply_op(s: Scheduler, op: tuple[Any, ...], seq: int, estimate: float | None = None) -> float:
+    """Apply one event to ``s``: ``("finish" | "cancel", action_id, t)`` or
+    ``("submit", queue, action_id, pod or pods, t)`` (submitted with ``seq`` and
+    ``estimate``). Returns ``t``, for the pass that follows."""
+    t: float = op[-1]
+    if op[0] == "finish":
+        s.finish(op[1], t)
+    elif op[0] == "cancel":
+        assert s.cancel(op[1], t)
+    elif op[0] == "submit":
+        pods = op[3] if isinstance(op[3], tuple) else (op[3],)
+        a = ActionSpec(op[2], op[1], pods, submit=t, seq=seq, estimate=estimate)
+        assert s.submit(a, t) is None
+    return t

@@ -22,6 +22,7 @@ import pytest
 from headway.scheduler import ActionSpec, core
 from headway.scheduler.core import _Class
 
+from .helpers import apply_op
 from .test_held_fleet import NODE, _build, _state
 
 # --- settle_all against settle over the whole class ---------------------------------
@@ -152,14 +153,7 @@ def _drive(ops: list[Op], incremental: bool) -> tuple[list[Any], int]:
 
     s._scan = spy  # type: ignore[method-assign,assignment]
     for i, op in enumerate(ops):
-        t = op[-1]
-        if op[0] == "finish":
-            s.finish(op[1], t)
-        elif op[0] == "cancel":
-            assert s.cancel(op[1], t)
-        elif op[0] == "submit":
-            spec = ActionSpec(op[2], op[1], op[3], submit=t, seq=1000 + i, estimate=10.0)
-            assert s.submit(spec, t) is None
+        t = apply_op(s, op, 1000 + i, estimate=10.0)
         log.append(sorted(x.action_id for x in s.schedule(t)))
         log.append(_state(s))
     return log, kept
@@ -233,14 +227,7 @@ def _drive_effects(ops: list[Op], incremental: bool) -> tuple[list[Any], int]:
     log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
     kept = 0
     for i, op in enumerate(ops):
-        t = op[-1]
-        if op[0] == "finish":
-            s.finish(op[1], t)
-        elif op[0] == "cancel":
-            assert s.cancel(op[1], t)
-        elif op[0] == "submit":
-            spec = ActionSpec(op[2], op[1], op[3], submit=t, seq=1000 + i, estimate=10.0)
-            assert s.submit(spec, t) is None
+        t = apply_op(s, op, 1000 + i, estimate=10.0)
         log.append(sorted(x.action_id for x in s.schedule(t)))
         log.append(_state(s))
         _effects_read_as_made(s)

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 from headway.scheduler import (
-    ActionSpec,
     Algorithm,
     ClusterSpec,
     NodeGroup,
@@ -32,7 +31,7 @@ from headway.scheduler import (
 )
 from headway.scheduler.resources import Pod
 
-from .helpers import submitter
+from .helpers import apply_op, submitter
 
 GI = 2**30
 NODE = Pod(cpu=16_000, memory=64 * GI)
@@ -130,14 +129,7 @@ def _run(ops: list[Op], incremental: bool) -> tuple[list[Any], int, int]:
     s._held_still = held  # type: ignore[method-assign,assignment]
     s._resv_answer = answer  # type: ignore[method-assign,assignment]
     for op in ops:
-        t = op[-1]
-        if op[0] == "finish":
-            s.finish(op[1], t)
-        elif op[0] == "cancel":
-            assert s.cancel(op[1], t)
-        elif op[0] == "submit":
-            _, q, aid, pod, _t = op
-            assert s.submit(ActionSpec(aid, q, (pod,), submit=t, seq=1000 + len(log)), t) is None
+        t = apply_op(s, op, 1000 + len(log))
         log.append(sorted(x.action_id for x in s.schedule(t)))
         log.append(_state(s))
         _summaries_are_current(s)
