@@ -1739,6 +1739,12 @@ class Scheduler:
                     c = clusters.get(n)
                     if c is not None and c.healthy and self._room(c, dkey, runs):
                         return True
+                # No cluster has room now (the unmoved ones had none and stand): the
+                # list is brought up to date as empty, so that the next question
+                # looks only at what moves after this, not again at all that moved
+                # since the list was made (a demand with no room anywhere is asked
+                # after every completion, and the moved set only grows).
+                self._cands[nr_key] = (cap_end, [], _NO_CHANGE)
                 return False
         return bool(self._cands_of(nr_key, runs, None)[1])
 

@@ -210,10 +210,15 @@ def test_any_room_from_the_log_matches_the_list_made_afresh(
     s._noroom = set()
     s._moved_cache = {}
     got = s._any_room(sel, dkey, runs)
-    # With completions, the list is out of date: the answer came from the log.
-    assert (s._cands[key][0] != s._cap_base + len(s._cap_log)) == bool(ends)
+    # With completions, the answer came from the log: the list is left out of date
+    # when some cluster has room, and brought up to date (empty) when none has.
+    kept = s._cands[key]
+    assert (kept[0] == s._cap_base + len(s._cap_log)) == (not ends or not got)
     del s._cands[key]
-    assert got == bool(s._cands_of(key, runs, None)[1])
+    fresh = s._cands_of(key, runs, None)
+    assert got == bool(fresh[1])
+    if ends and not got:
+        assert kept[1:] == fresh[1:] == ([], frozenset())
 
 
 def test_any_room_a_cluster_that_moved_and_lost_its_room_does_not_vouch() -> None:
