@@ -15,12 +15,21 @@ workflows run (``ratio_vs_unsandboxed``). The sandbox is the SDK's default, so `
 keeps the workflow as a user writes it, but the sandbox costs that side ~3 ms of worker
 CPU per workflow, which Headway's workflows do not pay.
 
+And "lifecycle floor" (``ratio_vs_lifecycle_floor``, ``lifecycle_floor_vs_bare``): the
+bare workflow plus the Temporal operations an action's lifecycle needs for its guarantees,
+without Headway's logic: a local activity before the activity (the durable lease write
+and admission wait), one after it (the durable release), two search-attribute writes
+(the state at admission and at the end, for the Web UI), a memo at start, unsandboxed.
+``lifecycle_floor_vs_bare`` is what those operations cost on this server, so it bounds
+``ratio`` for this lifecycle; ``ratio_vs_lifecycle_floor`` is what Headway's own work
+(payloads, store, scheduler workflow, dispatch) costs on top.
+
 The SDK fast path (``headway.worker.sdk_fastpath``: no payload walks without a codec)
 is process-wide: every side runs with it, bare included (``sdk_fastpath`` in the JSON).
 
 All sides run on one dev server this script starts, in 100 concurrent workflows each;
-rounds alternate bare / bare eager / bare unsandboxed / headway after a warm-up round. Prints one JSON line
-last (see ``/work/shared/specs/benchmarks.md``).
+rounds alternate bare / bare eager / bare unsandboxed / lifecycle floor / headway after a
+warm-up round. Prints one JSON line last (see ``/work/shared/specs/benchmarks.md``).
 
     python bench/e2e_throughput.py [--n 300] [--rounds 5]
 """
@@ -55,6 +64,8 @@ BARE_QUEUE = "bench-bare"
 BARE_UNSANDBOXED_QUEUE = "bench-bare-unsandboxed"
 #: The bare workflow's activity worker (Headway's counterpart: the cluster worker).
 BARE_ACTIVITY_QUEUE = "bench-bare-activity"
+#: The lifecycle floor: an action's Temporal operations without Headway's logic.
+LIFECYCLE_QUEUE = "bench-lifecycle"
 
 
 async def gather_limited(coros: list[Coroutine[Any, Any, None]], limit: int = 100) -> None:
@@ -68,18 +79,31 @@ async def gather_limited(coros: list[Coroutine[Any, Any, None]], limit: int = 10
 
 
 async def bare_round(
-    client: Client, n: int, tag: str, activity_queue: str | None, queue: str = BARE_QUEUE
+    client: Client,
+    n: int,
+    tag: str,
+    activity_queue: str | None,
+    queue: str = BARE_QUEUE,
+    lifecycle: bool = False,
 ) -> float:
     """N bare workflows on the worker of ``queue``; ``activity_queue`` None runs their
-    activity eagerly (see above)."""
-    from _bare import BareWorkflow  # type: ignore[import-not-found]
+    activity eagerly (see above). ``lifecycle``: the lifecycle floor's workflow instead,
+    started with a memo like an action's."""
+    from _bare import BareWorkflow, LifecycleWorkflow  # type: ignore[import-not-found]
 
     t0 = time.perf_counter()
 
     async def one(i: int) -> None:
-        h = await client.start_workflow(
-            BareWorkflow.run, activity_queue, id=f"bare-{tag}-{i}", task_queue=queue
-        )
+        wid = f"bare-{tag}-{i}"
+        if lifecycle:
+            memo = {"action_id": wid, "queue": "bench", "tenant": "bench", "run": None}
+            h = await client.start_workflow(
+                LifecycleWorkflow.run, activity_queue, id=wid, task_queue=queue, memo=memo
+            )
+        else:
+            h = await client.start_workflow(
+                BareWorkflow.run, activity_queue, id=wid, task_queue=queue
+            )
         await h.result()
 
     await gather_limited([one(i) for i in range(n)])
@@ -120,7 +144,7 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    from _bare import BareWorkflow, noop
+    from _bare import BareWorkflow, LifecycleWorkflow, noop, noop_local
     from _common import (  # type: ignore[import-not-found]
         CpuMeter,
         big_fleet,
@@ -160,6 +184,13 @@ async def main() -> None:
             ),
             Worker(
                 client,
+                task_queue=LIFECYCLE_QUEUE,
+                workflows=[LifecycleWorkflow],
+                activities=[noop_local],
+                **WORKER_TUNING,
+            ),
+            Worker(
+                client,
                 task_queue=BARE_ACTIVITY_QUEUE,
                 activities=[noop],
                 max_concurrent_activities=500,
@@ -180,19 +211,25 @@ async def main() -> None:
             await bare_round(
                 client, args.n // 2, "warm-unsb", BARE_ACTIVITY_QUEUE, BARE_UNSANDBOXED_QUEUE
             )
+            await bare_round(
+                client, args.n // 2, "warm-life", BARE_ACTIVITY_QUEUE, LIFECYCLE_QUEUE, True
+            )
             await headway_round(client, args.n // 2, tenant, "warm", [])
             bare: list[float] = []
             eager: list[float] = []
             unsb: list[float] = []
+            life: list[float] = []
             head: list[float] = []
             ratio: list[float] = []
             ratio_eager: list[float] = []
             ratio_unsb: list[float] = []
+            ratio_life: list[float] = []
             lat: list[float] = []
             # CPU ms per workflow / action: [worker+client process, dev server].
             cpu_bare: list[tuple[float, float]] = []
             cpu_eager: list[tuple[float, float]] = []
             cpu_unsb: list[tuple[float, float]] = []
+            cpu_life: list[tuple[float, float]] = []
             cpu_head: list[tuple[float, float]] = []
             for r in range(args.rounds):
                 c0 = meter.read()
@@ -204,22 +241,30 @@ async def main() -> None:
                     client, args.n, f"r{r}-unsb", BARE_ACTIVITY_QUEUE, BARE_UNSANDBOXED_QUEUE
                 )
                 c3 = meter.read()
-                h, c4 = await headway_round(client, args.n, tenant, f"r{r}", lat, meter)
+                lf = await bare_round(
+                    client, args.n, f"r{r}-life", BARE_ACTIVITY_QUEUE, LIFECYCLE_QUEUE, True
+                )
+                c4 = meter.read()
+                h, c5 = await headway_round(client, args.n, tenant, f"r{r}", lat, meter)
                 cpu_bare.append(per_item(c0, c1, args.n))
                 cpu_eager.append(per_item(c1, c2, args.n))
                 cpu_unsb.append(per_item(c2, c3, args.n))
-                cpu_head.append(per_item(c3, c4, args.n))
+                cpu_life.append(per_item(c3, c4, args.n))
+                cpu_head.append(per_item(c4, c5, args.n))
                 bare.append(b)
                 eager.append(e)
                 unsb.append(u)
+                life.append(lf)
                 head.append(h)
                 ratio.append(h / b)
                 ratio_eager.append(h / e)
                 ratio_unsb.append(h / u)
+                ratio_life.append(h / lf)
                 print(
-                    f"round {r}: bare {b:.1f} wf/s (eager {e:.1f}, unsandboxed {u:.1f}),"
-                    f" headway {h:.1f} actions/s, ratio {h / b:.2f}"
-                    f" (vs eager {h / e:.2f}, vs unsandboxed {h / u:.2f})"
+                    f"round {r}: bare {b:.1f} wf/s (eager {e:.1f}, unsandboxed {u:.1f},"
+                    f" lifecycle floor {lf:.1f}), headway {h:.1f} actions/s, ratio {h / b:.2f}"
+                    f" (vs eager {h / e:.2f}, vs unsandboxed {h / u:.2f},"
+                    f" vs lifecycle floor {h / lf:.2f}; floor vs bare {lf / b:.2f})"
                 )
             sched = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
             stats = await sched.query("stats")
@@ -238,6 +283,11 @@ async def main() -> None:
                 "ratio_vs_eager": summary(ratio_eager),
                 "bare_unsandboxed_wf_per_s": summary(unsb),
                 "ratio_vs_unsandboxed": summary(ratio_unsb),
+                "lifecycle_floor_wf_per_s": summary(life),
+                "ratio_vs_lifecycle_floor": summary(ratio_life),
+                "lifecycle_floor_vs_bare": summary(
+                    [x / y for x, y in zip(life, bare, strict=True)]
+                ),
                 "enqueue_to_admit_ms": {
                     "p50": round(pct(lat, 50), 1),
                     "p99": round(pct(lat, 99), 1),
@@ -251,6 +301,7 @@ async def main() -> None:
                         ("bare", cpu_bare),
                         ("bare_eager", cpu_eager),
                         ("bare_unsandboxed", cpu_unsb),
+                        ("lifecycle_floor", cpu_life),
                         ("headway", cpu_head),
                     )
                 },
