@@ -1297,8 +1297,22 @@ class Scheduler:
                             or (self._all_held(q) if q.stale else self._views_same(q, changed))
                         )
                     )
+                elif (
+                    sig_was == q.last_sig
+                    and (not q.hist_dep or q.last_hist == self._hist_epoch)
+                    and not q.fragile
+                    and not q.mixed
+                    and (len(holds) >= n_clusters or self._all_held(q))
+                ):
+                    # ``_still``'s held path, tried here first: most queues below a
+                    # fleet held from above end there, and a pass has many of them.
+                    held = self._held_still(q, changed, now, expired)
+                    if held is None:
+                        still = self._still(q, sig_was, changed, same_upstream, now, expired, False)
+                    else:
+                        still = held
                 else:
-                    still = self._still(q, sig_was, changed, same_upstream, now, expired)
+                    still = self._still(q, sig_was, changed, same_upstream, now, expired, False)
                 if still:
                     # Nothing this queue's outcome depends on has changed since its
                     # last visit: same decisions, same reasons. Only its holds and
@@ -1561,6 +1575,7 @@ class Scheduler:
         same_upstream: bool,
         now: float,
         expired: frozenset[str] | None = None,
+        try_held: bool = True,
     ) -> bool:
         """Would a visit of ``q`` now answer exactly as its last did?
 
@@ -1585,12 +1600,14 @@ class Scheduler:
           fits found room wait in ``q.stale`` until a full check takes them as changed.
 
         On success the records are brought up to date, as if the visit had been made.
+        ``try_held``: False when the caller found the held path does not apply, or
+        tried it already (``_pass``).
         """
         if sig != q.last_sig:
             return False
         if q.hist_dep and q.last_hist != self._hist_epoch:
             return False
-        if changed and not q.fragile and not q.mixed and self._all_held(q):
+        if try_held and changed and not q.fragile and not q.mixed and self._all_held(q):
             held = self._held_still(q, changed, now, expired)
             if held is not None:
                 return held
