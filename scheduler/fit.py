@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Sequence
+from typing import Any
 
 from .model import ClusterSpec
 from .resources import Pod
@@ -59,6 +60,8 @@ class ClusterState:
         "known",
         "name",
         "node_names",
+        "okey",
+        "okey_at",
         "spec",
         "tcpu",
         "teph",
@@ -74,6 +77,10 @@ class ClusterState:
         self.known = spec.reports_capacity
         self.healthy = True
         self.version = 0
+        # The placement order key (``core._order_key``) kept for the free state it was
+        # made from: ``version`` if ``known``, else ``-1 - version`` (None: none yet).
+        self.okey: tuple[Any, ...] = ()
+        self.okey_at: int | None = None
         self.node_names: list[str] = []
         self.cap: list[Pod] = []
         for g in spec.node_groups:
@@ -142,6 +149,8 @@ class ClusterState:
         c.known = self.known
         c.healthy = self.healthy
         c.version = self.version
+        c.okey = ()
+        c.okey_at = None
         c.node_names = self.node_names
         c.cap = self.cap
         c.capv = self.capv

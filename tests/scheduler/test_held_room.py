@@ -1,11 +1,14 @@
 """Room under a held fleet: what the re-checks keep from pass to pass, against the plain loop.
 
-What the re-checks below a held fleet keep from pass to pass, pinned down here against
+Two things the re-checks below a held fleet keep, pinned down here against
 ``Scheduler(incremental=False)`` (same admissions, same reasons, step by step):
-``_any_room``'s list of clusters with room for a demand (``_cands``). When a question
-finds no room anywhere, the list is brought up to date as empty, so the next question
-looks only at the clusters that moved after it (a demand with no room anywhere is
-asked after every completion).
+
+- ``_any_room``'s list of clusters with room for a demand (``_cands``): when a question
+  finds no room anywhere, the list is brought up to date as empty, so the next question
+  looks only at the clusters that moved after it (a demand with no room anywhere is
+  asked after every completion);
+- each cluster's placement order key, kept for the free state (and the ``known`` flag)
+  it was made from.
 
 Five one-node clusters ``c0`` to ``c4`` (16 CPUs each), each filled by four
 quarter-node actions of queue ``fill`` (critical). Queue ``hold`` (high, strict) has a
@@ -27,6 +30,7 @@ from headway.scheduler import (
     QueueSpec,
     Scheduler,
 )
+from headway.scheduler.core import _order_key
 from headway.scheduler.fit import runs_of
 from headway.scheduler.resources import Pod
 
@@ -168,3 +172,30 @@ def test_no_room_anywhere_brings_the_list_up_to_date() -> None:
     s._noroom = set()
     s._moved_cache = {}
     assert s._any_room(None, dkey, runs) is True
+
+
+def test_order_keys_follow_free_state_and_known() -> None:
+    """The kept key is the key made afresh: after admissions, completions, a report, a
+    report that cannot read nodes (no new version), and on a scratch copy."""
+
+    def fresh(c: Any) -> tuple[Any, ...]:
+        k = c.known
+        return (1, 0 if k else 1, -c.tgpu if k else 0, -c.tcpu if k else 0, c.name)
+
+    s = _build(True)
+    c = s.clusters["c2"]
+    assert _order_key(c) == fresh(c)
+    s.schedule(0.0)
+    assert _order_key(c) == fresh(c)
+    first = _order_key(c)
+    assert _order_key(c) is first, "kept while the free state stands"
+    on = [a for a in s.actions.values() if a.cluster == "c2"]
+    s.finish(on[0].id, 1.0)
+    assert _order_key(c) == fresh(c) != first
+    x = c.clone()
+    x.give(on[1].runs, on[1].nodes)
+    assert _order_key(x) == fresh(x) != _order_key(c)
+    version = c.version
+    s.report_capacity("c2", None)
+    assert c.version == version
+    assert _order_key(c) == fresh(c) == (1, 1, 0, 0, "c2")
