@@ -47,8 +47,8 @@ import enum
 import json
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -197,6 +197,18 @@ class _Prepared:
             .where((flags.c.tenant == t) & (flags.c.channel == bindparam("c")))
             .values(dirty=False)
         )
+        # A retried dispatch rewrites the same rows: insert, or replace what is there
+        # (one statement for the batch, where delete + insert compiled an IN list anew
+        # for every batch).
+        self.admission_upsert: Any = None
+        if dialect in ("sqlite", "postgresql"):
+            ins_a: Any = (sqlite.insert if dialect == "sqlite" else postgresql.insert)(admissions)
+            self.admission_upsert = ins_a.values(
+                tenant=t, action_id=bindparam("a"), admission=bindparam("j")
+            ).on_conflict_do_update(
+                index_elements=[admissions.c.tenant, admissions.c.action_id],
+                set_={"admission": ins_a.excluded.admission},
+            )
         self.admission_delete = delete(admissions).where(
             (admissions.c.tenant == t) & (admissions.c.action_id == bindparam("a"))
         )
@@ -302,10 +314,15 @@ class LeaseStore:
         self.engine = engine
         self._prep = _Prepared(engine.dialect.name)
         # SQLite allows one writer at a time; serializing in-process avoids busy retries
-        # (and the in-memory database shares one connection between threads).
-        self._lock: AbstractContextManager[Any] = (
-            threading.Lock() if engine.dialect.name == "sqlite" else nullcontext()
+        # (and the in-memory database shares one connection between threads). With every
+        # call serialized, one connection kept open serves them all: checking one out of
+        # the pool per transaction (a new ``Connection``, its event dispatch, the pool's
+        # reset on return) cost more than the statements of a lease write (py-spy, e2e
+        # bench: 0.64 of the store's 0.95 ms per action).
+        self._lock: threading.Lock | None = (
+            threading.Lock() if engine.dialect.name == "sqlite" else None
         )
+        self._conn: Connection | None = None
         Base.metadata.create_all(engine)
         # create_all makes missing tables only: an index added since a database was made
         # is created here.
@@ -323,8 +340,34 @@ class LeaseStore:
         return self.engine.dialect.name
 
     def close(self) -> None:
-        """Release the connection pool."""
+        """Close the kept connection and release the connection pool."""
+        if self._lock is not None:
+            with self._lock:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
         self.engine.dispose()
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        """One transaction, committed on success and rolled back on error.
+
+        SQLite: serialized in-process, on the one kept connection (opened again if it
+        was invalidated); its ``BEGIN IMMEDIATE`` comes from the engine's begin event.
+        PostgreSQL: a pooled connection per transaction, concurrent.
+        """
+        if self._lock is None:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        with self._lock:
+            conn = self._conn
+            if conn is None or conn.closed or conn.invalidated:
+                if conn is not None:
+                    conn.close()
+                conn = self._conn = self.engine.connect()
+            with conn.begin():
+                yield conn
 
     # --- submitters ---------------------------------------------------------------
 
@@ -343,7 +386,7 @@ class LeaseStore:
             True if the caller must nudge the scheduler: the flag was clear, or the lease
             already existed (a retried call whose nudge may not have gone out).
         """
-        with self._lock, self.engine.begin() as conn:
+        with self._tx() as conn:
             return self._put_lease(conn, tenant, action_id, queue, workflow_id, spec, submitted_at)
 
     def _put_lease(
@@ -386,7 +429,7 @@ class LeaseStore:
                 _check_kind(args[2])
             elif kind != "put":
                 raise ValueError(f"op: {kind!r} is not put or finish")
-        with self._lock, self.engine.begin() as conn:
+        with self._tx() as conn:
             self._lock_flags(conn, ops)
             # One flag write per channel per batch: after the first op of a channel has
             # flipped (or found set) its flag, it stays set until this commit, so the
@@ -415,7 +458,7 @@ class LeaseStore:
         queues: set[str] = set()
         batch: list[dict[str, Any]] = []
         table = cast(Table, LeaseRow.__table__)
-        with self._lock, self.engine.begin() as conn:
+        with self._tx() as conn:
             for action_id, queue, workflow_id, spec, at in rows:
                 queues.add(queue)
                 batch.append(
@@ -460,7 +503,7 @@ class LeaseStore:
             :attr:`Nudge.SOON` when it flipped it and nothing waits.
         """
         _check_kind(kind)
-        with self._lock, self.engine.begin() as conn:
+        with self._tx() as conn:
             return self._finish_lease(conn, tenant, action_id, kind)
 
     def _finish_lease(
@@ -501,28 +544,28 @@ class LeaseStore:
         """
         if not admissions:
             return
-        table = cast(Table, AdmissionRow.__table__)
-        with self._lock, self.engine.begin() as conn:
+        rows = [
+            {"t": tenant, "a": a, "j": json.dumps(dict(d), separators=(",", ":"))}
+            for a, d in admissions.items()
+        ]
+        if self._prep.admission_upsert is not None:
+            with self._tx() as conn:
+                conn.execute(self._prep.admission_upsert, rows)
+            return
+        with self._tx() as conn:  # pragma: no cover - other dialects
             conn.execute(
                 delete(AdmissionRow).where(
                     (AdmissionRow.tenant == tenant) & AdmissionRow.action_id.in_(list(admissions))
                 )
             )
             conn.execute(
-                table.insert(),
-                [
-                    {
-                        "tenant": tenant,
-                        "action_id": a,
-                        "admission": json.dumps(dict(d), separators=(",", ":")),
-                    }
-                    for a, d in admissions.items()
-                ],
+                cast(Table, AdmissionRow.__table__).insert(),
+                [{"tenant": r["t"], "action_id": r["a"], "admission": r["j"]} for r in rows],
             )
 
     def admission(self, tenant: str, action_id: str) -> dict[str, Any] | None:
         """The admission recorded for ``action_id`` by :meth:`record_admissions`, if any."""
-        with self._lock, self.engine.connect() as conn:
+        with self._tx() as conn:
             row = conn.execute(
                 select(AdmissionRow.admission).where(
                     (AdmissionRow.tenant == tenant) & (AdmissionRow.action_id == action_id)
@@ -560,7 +603,7 @@ class LeaseStore:
             wants_ends: the scheduler's ``wants-ends`` (whether its last pass left work
                 waiting); None leaves the flag as it is.
         """
-        with self._lock, self.engine.begin() as conn:
+        with self._tx() as conn:
             prior = self._claimed_by(conn, tenant, token)
             if prior is not None:  # this very sync committed before (forget included)
                 prior.more = self._pending_queues(conn, tenant)
@@ -632,19 +675,19 @@ class LeaseStore:
         cond = (LeaseRow.tenant == tenant) & (LeaseRow.status == "pending")
         if queue is not None:
             cond = cond & (LeaseRow.queue == queue)
-        with self._lock, self.engine.connect() as conn:
+        with self._tx() as conn:
             return int(conn.execute(select(func.count()).where(cond)).scalar_one())
 
     def lease_count(self, tenant: str) -> int:
         """All lease rows of a tenant (pending, claimed, or ended but not yet collected)."""
-        with self._lock, self.engine.connect() as conn:
+        with self._tx() as conn:
             return int(
                 conn.execute(select(func.count()).where(LeaseRow.tenant == tenant)).scalar_one()
             )
 
     def flag(self, tenant: str, channel: str) -> bool:
         """Current value of a shard flag (False if never set)."""
-        with self._lock, self.engine.connect() as conn:
+        with self._tx() as conn:
             row = conn.execute(
                 select(ShardFlag.dirty).where(
                     (ShardFlag.tenant == tenant) & (ShardFlag.channel == channel)
