@@ -26,6 +26,8 @@ and admission wait), one after it (the durable release), two search-attribute wr
 
 The SDK fast path (``headway.worker.sdk_fastpath``: no payload walks without a codec)
 is process-wide: every side runs with it, bare included (``sdk_fastpath`` in the JSON).
+So is the worker process's garbage-collector setting (``headway.worker.gc_tuning``:
+objects alive at startup frozen; ``gc_frozen``).
 
 All sides run on one dev server this script starts, in 100 concurrent workflows each;
 rounds alternate bare / bare eager / bare unsandboxed / lifecycle floor / headway after a
@@ -55,6 +57,7 @@ from headway.protocol import DemandRequest, SubmitRequest
 from headway.store import LeaseStore
 from headway.worker import sdk_fastpath
 from headway.worker.control_plane import WORKER_TUNING, build_control_plane_worker
+from headway.worker.gc_tuning import freeze_startup
 from headway.workflows import client as hw
 from temporalio.client import Client
 from temporalio.worker import PollerBehaviorAutoscaling, UnsandboxedWorkflowRunner, Worker
@@ -205,6 +208,9 @@ async def main() -> None:
                 activity_task_poller_behavior=PollerBehaviorAutoscaling(),  # as worker/cluster.py
             ),
         ):
+            # As a worker process does once it is up (``headway.worker.gc_tuning``):
+            # process-wide, so every side runs with it.
+            frozen = freeze_startup()
             await hw.upsert_queue(client, tenant, {"name": "bench"}, fleet)
             await bare_round(client, args.n // 2, "warm", BARE_ACTIVITY_QUEUE)
             await bare_round(client, args.n // 2, "warm-eager", None)
@@ -307,6 +313,7 @@ async def main() -> None:
                 },
                 "clusters": 1,
                 "sdk_fastpath": fastpath,
+                "gc_frozen": frozen,
                 "scheduler": {k: stats[k] for k in ("passes", "syncs", "dispatches", "admitted")},
             }
         )

@@ -36,6 +36,7 @@ from headway.scheduler import Scheduler
 from headway.scheduler.model import ActionSpec, QueueSpec
 from headway.store import LeaseStore
 from headway.worker.control_plane import build_control_plane_worker
+from headway.worker.gc_tuning import freeze_startup
 from headway.workflows import client as hw
 from headway.workflows.scheduler import WINDOW
 from temporalio.client import Client
@@ -172,6 +173,8 @@ async def main() -> None:
                 max_concurrent_activities=500,
             ),
         ):
+            # As a worker process does once it is up (``headway.worker.gc_tuning``).
+            out_frozen = freeze_startup()
             # History per action.
             tenant = "hist"
             await hw.upsert_queue(client, tenant, {"name": "q"}, fleet)
@@ -252,6 +255,7 @@ async def main() -> None:
             "busy_runs_overlapping_backlog": f"{sum(overlap)}/{len(overlap)}",
             "backlog_drain_s": b_tail,
         },
+        "gc_frozen": out_frozen,
     }
     print(json.dumps(out))
 

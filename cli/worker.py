@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 from headway.activities.fairness import DEFAULT_CONTENDED_RATE
+from headway.worker.gc_tuning import freeze_startup
 
 from ._common import (
     DATABASE_URL_ENV,
@@ -34,6 +35,8 @@ async def _serve(cfg: Settings, body: Callable[[Client, asyncio.Event], Awaitabl
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     client = await connect_retrying(cfg, timeout_s=120.0)
+    # Everything the worker imports is alive for good now: out of the collector's way.
+    freeze_startup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
