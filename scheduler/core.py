@@ -701,6 +701,10 @@ class Scheduler:
         # position in it (``_Queue.cap_pos``); ``_cap_base`` counts entries dropped.
         self._cap_log: list[tuple[str, bool]] = []
         self._cap_base = 0
+        # Per cluster, the log position of its latest entry; and of the latest hard one
+        # (anywhere): what moved since a position, without reading the log.
+        self._touched: dict[str, int] = {}
+        self._hard_at = -1
         self._selsets: dict[tuple[str, ...], frozenset[str]] = {}
         # ``_changes``' answers within a pass.
         self._chg_cache: dict[tuple[Any, ...], frozenset[str] | set[str] | None] = {}
@@ -931,6 +935,10 @@ class Scheduler:
     def _touch(self, name: str, hard: bool = False) -> None:
         """Note that cluster ``name`` changed (free capacity; ``hard``: more than that)."""
         log = self._cap_log
+        at = self._cap_base + len(log)
+        self._touched[name] = at
+        if hard:
+            self._hard_at = at
         log.append((name, hard))
         if len(log) > _LOG_MAX:
             # Queues that stood before the dropped entries get a full visit.
@@ -1739,8 +1747,17 @@ class Scheduler:
             # Only whether there is one: an unmoved cluster that had room still has it
             # (a change of health is a hard change), else a moved one must have it now.
             # (The list itself is brought up to date by the next walk that needs it.)
+            pos = hit[0]
+            if self._hard_at < pos:
+                # The common answer, told by when each cluster last moved: the moved
+                # set (a read of the log since ``pos``) is needed only if every
+                # cluster of the list moved.
+                touched = self._touched
+                for n in hit[2]:
+                    if touched.get(n, -1) < pos:
+                        return True
             # Lists made together stand at one log position: one answer for them.
-            mk = (hit[0], cap_end)
+            mk = (pos, cap_end)
             moved = self._moved_cache.get(mk, _UNKNOWN)
             if moved is _UNKNOWN:
                 moved = self._moved_cache[mk] = self._soft_since(hit[0], 64)

@@ -6,7 +6,9 @@ Two things the re-checks below a held fleet keep, pinned down here against
 - ``_any_room``'s list of clusters with room for a demand (``_cands``): when a question
   finds no room anywhere, the list is brought up to date as empty, so the next question
   looks only at the clusters that moved after it (a demand with no room anywhere is
-  asked after every completion);
+  asked after every completion); and a cluster of the list that has not moved since
+  (by the log position of its latest change, ``_touched``) vouches for room without a
+  read of the log;
 - each cluster's placement order key, kept for the free state (and the ``known`` flag)
   it was made from.
 
