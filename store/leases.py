@@ -361,13 +361,13 @@ class LeaseStore:
                 yield conn
             return
         with self._lock:
-            conn = self._conn
-            if conn is None or conn.closed or conn.invalidated:
-                if conn is not None:
-                    conn.close()
-                conn = self._conn = self.engine.connect()
-            with conn.begin():
-                yield conn
+            kept = self._conn
+            if kept is None or kept.closed or kept.invalidated:
+                if kept is not None:
+                    kept.close()
+                kept = self._conn = self.engine.connect()
+            with kept.begin():
+                yield kept
 
     # --- submitters ---------------------------------------------------------------
 
