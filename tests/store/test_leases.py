@@ -422,3 +422,53 @@ def test_workers_batching_several_queues_in_any_order_never_deadlock(
             break
     assert errors == []
     assert claimed == 4 * 100 * len(queues)
+
+
+@pytest.mark.parametrize(
+    "lose",
+    [
+        pytest.param(lambda c: c.invalidate(), id="invalidated-connection-is-replaced"),
+        pytest.param(lambda c: c.close(), id="closed-connection-is-replaced"),
+    ],
+)
+def test_sqlite_store_replaces_its_kept_connection_when_it_is_lost(
+    tmp_path: Path, tenant: str, lose: Callable[[Any], None]
+) -> None:
+    s = LeaseStore(f"sqlite:///{tmp_path / 'kept.db'}")
+    try:
+        assert put(s, tenant, 0)
+        kept = s._conn
+        assert kept is not None
+        lose(kept)
+        # Nothing written before is lost, and the next call works on a new connection.
+        assert s.pending_count(tenant) == 1
+        assert not put(s, tenant, 1)  # the flag is still set: no second nudge
+        assert s._conn is not kept
+        assert [d["id"] for d in s.sync(tenant, "t1", {"q": 5}).leases] == ["a0", "a1"]
+    finally:
+        s.close()
+
+
+def test_sqlite_store_rolls_back_a_failed_transaction_and_goes_on(
+    tmp_path: Path, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = LeaseStore(f"sqlite:///{tmp_path / 'kept.db'}")
+
+    def broken(*args: Any, **kwargs: Any) -> Nudge:
+        raise RuntimeError("disk full")
+
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(s, "_finish_lease", broken)
+            with pytest.raises(RuntimeError, match="disk full"):
+                s.apply(
+                    [
+                        ("put", (tenant, "a0", "q", "wf-a0", spec(0), 1.0)),
+                        ("finish", (tenant, "a0", "finished")),
+                    ]
+                )
+        assert s.pending_count(tenant) == 0  # the batch's put was rolled back with it
+        assert put(s, tenant, 1)  # and the kept connection goes on
+        assert s.pending_count(tenant) == 1
+    finally:
+        s.close()
