@@ -809,6 +809,7 @@ class Scheduler:
         # Per pass: ``q.stale`` joined with a changed set, by their identities (queues
         # that stood alike share the answer).
         self._stale_cache: dict[tuple[int, int], tuple[Any, Any, frozenset[str]]] = {}
+        self._stale_last: tuple[Any, Any, frozenset[str]] | None = None
         # Per pass: ``_soft_since(pos, 64)`` by (pos, log end), for ``_any_room``.
         self._moved_cache: dict[tuple[int, int], set[str] | None] = {}
         # Per pass: ``_held_still``'s answer for a reservation record, by what the
@@ -1232,6 +1233,7 @@ class Scheduler:
         self._held_cache = {}
         self._hsig_cache = {}
         self._stale_cache = {}
+        self._stale_last = None
         self._moved_cache = {}
         self._resv_cache = {}
         # Holds and reservations bind the queues after the one that made them. A queue
@@ -1844,13 +1846,14 @@ class Scheduler:
             # clusters, the selector, capacity and environments (the log's end and the
             # environment epoch date them within a pass), so queues whose records are
             # alike share one answer.
-            at = (self._cap_base + len(self._cap_log), self._env_epoch)
+            cap_end = self._cap_base + len(self._cap_log)
+            env = self._env_epoch
             rk = (rec.dkey, rec.easy, rec.where, rec.time, rec.key, rec.held, sel, id(changed))
             rn = self._resv_cache.get(rk)
-            if rn is None or rn[0] is not changed or rn[1] != at:
+            if rn is None or rn[0] is not changed or rn[1] != cap_end or rn[2] != env:
                 rn = self._resv_answer(rec, changed, now, sel)
-                rn = self._resv_cache[rk] = (changed, at, *rn)
-            if rn[2] is None:
+                rn = self._resv_cache[rk] = (changed, cap_end, env, *rn)
+            if rn[3] is None:
                 return None
         hz = q.hz
         if expired:
@@ -1862,7 +1865,7 @@ class Scheduler:
         ok = True
         if rn is not None:
             assert rec is not None
-            ok, moved, rh, rhz = rn[2], rn[3], rn[4], rn[5]
+            ok, moved, rh, rhz = rn[3], rn[4], rn[5], rn[6]
             if rh < horizon:
                 horizon = rh
             for n, h in rhz.items():
@@ -1872,17 +1875,21 @@ class Scheduler:
                 ok = self._resv_move(q, rec, moved, changed)
         if ok:
             q.horizon = horizon
-            q.hist_dep = q.hist_dep or (rn is not None and rn[6])
+            q.hist_dep = q.hist_dep or (rn is not None and rn[7])
             q.last_hist = self._hist_epoch
             prev = q.stale
-            sk = (id(prev), id(changed))
-            hit = self._stale_cache.get(sk)
+            hit = self._stale_last
             if hit is None or hit[0] is not prev or hit[1] is not changed:
-                hit = self._stale_cache[sk] = (
-                    prev,
-                    changed,
-                    frozenset(changed) if prev is None else prev.union(changed),
-                )
+                # (Held queues in a row mostly stood alike: the last answer first.)
+                sk = (id(prev), id(changed))
+                hit = self._stale_cache.get(sk)
+                if hit is None or hit[0] is not prev or hit[1] is not changed:
+                    hit = self._stale_cache[sk] = (
+                        prev,
+                        changed,
+                        frozenset(changed) if prev is None else prev.union(changed),
+                    )
+                self._stale_last = hit
             q.stale = hit[2]
         return ok
 

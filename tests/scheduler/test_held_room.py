@@ -83,13 +83,21 @@ CASES = [
 ]  # fmt: skip
 
 
-def _build(incremental: bool) -> Scheduler:
+def _build(incremental: bool, pinned: bool = False) -> Scheduler:
+    """The fleet above; ``pinned``: also queue ``a`` (medium, greedy, on ``c1`` and
+    ``c2`` only, first of the medium queues by name) with three-quarter-node actions."""
     clusters = [ClusterSpec(f"c{i}", (NodeGroup("n", 1, NODE),)) for i in range(5)]
     queues = [
         QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
         QueueSpec("hold", priority=Priority.high, algorithm=Algorithm.strict),
         *(QueueSpec(n, priority=Priority.medium, algorithm=a) for n, a in BELOW.items()),
     ]
+    if pinned:
+        queues.append(
+            QueueSpec(
+                "a", priority=Priority.medium, algorithm=Algorithm.greedy, clusters=("c1", "c2")
+            )
+        )
     s = Scheduler(clusters, queues, incremental=incremental)
     add = submitter(s)
     for i in range(20):
@@ -100,6 +108,9 @@ def _build(incremental: bool) -> Scheduler:
         p = name.upper()
         for k, pod in enumerate([THREE, SMALL, THREE, SMALL, THREE]):
             add(name, f"{p}{k}", (pod,), 10.0 * (k % 3 + 1))
+    if pinned:
+        for k in range(3):
+            add("a", f"A{k}", (THREE,), 10.0)
     return s
 
 
@@ -123,8 +134,8 @@ def _apply(s: Scheduler, op: Op, seq: int) -> float:
     return apply_op(s, op, seq, 20.0)
 
 
-def _run(ops: list[Op], incremental: bool) -> list[Any]:
-    s = _build(incremental)
+def _run(ops: list[Op], incremental: bool, pinned: bool = False) -> list[Any]:
+    s = _build(incremental, pinned)
     log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
     for op in ops:
         t = _apply(s, op, 1000 + len(log))
@@ -134,8 +145,28 @@ def _run(ops: list[Op], incremental: bool) -> list[Any]:
 
 
 @pytest.mark.parametrize("ops", CASES)
-def test_room_below_a_held_fleet_as_the_plain_loop_decides(ops: list[Op]) -> None:
-    assert _run(ops, True) == _run(ops, False)
+@pytest.mark.parametrize("pinned", [False, True], ids=["fleet-wide", "with-a-pinned-queue"])
+def test_room_below_a_held_fleet_as_the_plain_loop_decides(ops: list[Op], pinned: bool) -> None:
+    assert _run(ops, True, pinned) == _run(ops, False, pinned)
+
+
+def test_held_queues_in_a_row_keep_their_own_stale_clusters() -> None:
+    """Queues re-checked one after another under the hold share the ``stale`` set made
+    for the last of them only if they stood alike (same set before, same changes): the
+    pinned queue ``a`` sees one of two changed clusters, the fleet-wide ones both."""
+    s = _build(True, pinned=True)
+    s.schedule(0.0)
+    _apply(s, ("end", "c0", 1.0), 0)  # small actions find room on c0: full checks
+    s.schedule(1.0)
+    assert s.reason("G11") == "HeldForGang"
+    assert all(q.stale is None for q in s.queues.values())
+    _apply(s, ("end", "c1", 2.0), 0)
+    _apply(s, ("end", "c3", 2.0), 0)
+    s.schedule(2.0)
+    stale = {n: q.stale for n, q in s.queues.items() if q.stale}
+    assert stale["a"] == {"c1"}
+    for n in BELOW:
+        assert stale[n] == {"c1", "c3"}, n
 
 
 def test_the_setup_holds_the_fleet_and_three_quarters_find_no_room() -> None:
