@@ -706,8 +706,11 @@ class Scheduler:
         self._touched: dict[str, int] = {}
         self._hard_at = -1
         self._selsets: dict[tuple[str, ...], frozenset[str]] = {}
-        # ``_changes``' answers within a pass.
-        self._chg_cache: dict[tuple[Any, ...], frozenset[str] | set[str] | None] = {}
+        # ``_changes``' answers within a pass: per log position, the log's end they were
+        # read up to, each cluster named since (whether hard), and the answer by selector.
+        self._chg_cache: dict[
+            int, tuple[int, dict[str, bool], dict[Any, frozenset[str] | set[str] | None]]
+        ] = {}
         # ``_evals_still``'s changed clusters that are healthy, which have room for each
         # demand, and their placement order keys, per ``_changes`` answer (by identity)
         # within a pass.
@@ -1274,8 +1277,12 @@ class Scheduler:
                     changed = _NO_CHANGE
                 else:
                     # ``_changes``' answer for the queues visited together, if known.
-                    changed = chg_cache.get((q.cap_pos, cap_end, q.spec.clusters), _UNKNOWN)
-                    if changed is _UNKNOWN:
+                    chg = chg_cache.get(q.cap_pos)
+                    if chg is not None and chg[0] == cap_end:
+                        changed = chg[2].get(q.spec.clusters, _UNKNOWN)
+                        if changed is _UNKNOWN:
+                            changed = self._changes(q)
+                    else:
                         changed = self._changes(q)
                 expired: frozenset[str] | None = None
                 if now > q.horizon and changed is not None:
@@ -1554,28 +1561,40 @@ class Scheduler:
             return None
         if pos == len(log):
             return _NO_CHANGE
-        sel = q.spec.clusters
         # Queues visited together stand at the same place in the log: one answer for
-        # all of them (callers only read it).
-        ck = (q.cap_pos, self._cap_base + len(log), sel)
-        cache = self._chg_cache
-        if ck in cache:
-            return cache[ck]
-        self._chg_cache[ck] = None
-        names: frozenset[str] | None = None
-        if sel is not None:
-            names = self._selsets.get(sel)
-            if names is None:
-                names = self._selsets[sel] = frozenset(sel)
+        # all of them (callers only read it), and one read of the log for every
+        # selector: each cluster it names, in the order first named, and whether an
+        # entry for it was hard.
+        end = self._cap_base + len(log)
+        got = self._chg_cache.get(q.cap_pos)
+        if got is None or got[0] != end:
+            span: dict[str, bool] = {}
+            for i in range(pos, len(log)):
+                name, hard = log[i]
+                if hard:
+                    span[name] = True
+                elif name not in span:
+                    span[name] = False
+            got = self._chg_cache[q.cap_pos] = (end, span, {})
+        answers = got[2]
+        sel = q.spec.clusters
+        if sel in answers:
+            return answers[sel]
+        names = None if sel is None else self._selset(sel)
         out: set[str] = set()
-        for i in range(pos, len(log)):
-            name, hard = log[i]
+        answer: frozenset[str] | set[str] | None = out
+        for name, hard in got[1].items():
             if names is None or name in names:
                 if hard:
-                    return None
+                    answer = None
+                    break
                 out.add(name)
-        self._chg_cache[ck] = out
-        return out
+        if answer is not None and not out:
+            # A selector none of the changes touched shares the empty answer (no set
+            # per selector per pass for the collector to walk).
+            answer = _NO_CHANGE
+        answers[sel] = answer
+        return answer
 
     def _still(
         self,
