@@ -548,17 +548,16 @@ class LeaseStore:
             {"t": tenant, "a": a, "j": json.dumps(dict(d), separators=(",", ":"))}
             for a, d in admissions.items()
         ]
-        if self._prep.admission_upsert is not None:
-            with self._tx() as conn:
+        with self._tx() as conn:
+            if self._prep.admission_upsert is not None:
                 conn.execute(self._prep.admission_upsert, rows)
-            return
-        with self._tx() as conn:  # pragma: no cover - other dialects
-            conn.execute(
+                return
+            conn.execute(  # pragma: no cover - other dialects
                 delete(AdmissionRow).where(
                     (AdmissionRow.tenant == tenant) & AdmissionRow.action_id.in_(list(admissions))
                 )
             )
-            conn.execute(
+            conn.execute(  # pragma: no cover
                 cast(Table, AdmissionRow.__table__).insert(),
                 [{"tenant": r["t"], "action_id": r["a"], "admission": r["j"]} for r in rows],
             )
