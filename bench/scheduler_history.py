@@ -12,6 +12,8 @@
   nudged); the round's ratio is median busy / median idle; the figure is the median of
   the rounds' ratios. Before the next round's idle runs, B drains completely: nothing
   pending in the store, nothing waiting or running in its scheduler (``backlog_drain_s``).
+  ``action_hops_ms`` splits A's actions' time, from their histories, into waits for a
+  worker to take a task and the workers' own time, idle and under the backlog.
 
     python bench/scheduler_history.py [--n 500] [--rounds 5] [--million 1000000]
 """
@@ -79,6 +81,33 @@ async def run_actions(client: Client, tenant: str, tag: str, n: int) -> float:
 
     await asyncio.gather(*(lim(i) for i in range(n)))
     return (time.perf_counter() - t0) * 1000
+
+
+#: Where an action's time goes, from its history: each key sums the gaps that end in
+#: the named event types (the first event's time is the start).
+HOPS: dict[str, tuple[str, ...]] = {
+    "workflow_task_wait": ("WORKFLOW_TASK_STARTED",),
+    "workflow_task_run": ("WORKFLOW_TASK_COMPLETED",),
+    "cluster_task_wait": ("ACTIVITY_TASK_STARTED",),
+    "cluster_task_run": ("ACTIVITY_TASK_COMPLETED",),
+}
+
+
+async def hops(client: Client, tenant: str, tags: list[str], acc: dict[str, list[float]]) -> None:
+    """Add the hop times (ms, see ``HOPS``) of runs ``tags``' actions to ``acc``."""
+    from temporalio.api.enums.v1 import EventType
+
+    for tag in tags:
+        for i in range(5):
+            wid = protocol.action_workflow_id(tenant, f"{tag}-{i}")
+            events = (await client.get_workflow_handle(wid).fetch_history()).events
+            ms = [e.event_time.ToMicroseconds() / 1000 for e in events]
+            kinds = [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in events]
+            for key, ends in HOPS.items():
+                acc.setdefault(key, []).append(
+                    sum(ms[k] - ms[k - 1] for k in range(1, len(ms)) if kinds[k] in ends)
+                )
+            acc.setdefault("total", []).append(ms[-1] - ms[0])
 
 
 async def history_events(client: Client, workflow_id: str) -> int:
@@ -197,6 +226,8 @@ async def main() -> None:
             await hw.upsert_queue(client, "iso-b", {"name": "q"}, fleet)
             await run_actions(client, "iso-a", "warm", 5)
             idle, busy, ratios, overlap = [], [], [], []
+            hops_idle: dict[str, list[float]] = {}
+            hops_busy: dict[str, list[float]] = {}
             b_tail: list[float] = []  # seconds from B's nudge until B was quiet
             for r in range(args.rounds):
                 i_ms = [
@@ -228,6 +259,9 @@ async def main() -> None:
                             break
                     await asyncio.sleep(0.2)
                 b_tail.append(round(time.perf_counter() - t_nudge, 1))
+                # Read after B drained, so the reads do not load the busy runs.
+                await hops(client, "iso-a", [f"idle{r}-{k}" for k in range(SAMPLES)], hops_idle)
+                await hops(client, "iso-a", [f"busy{r}-{k}" for k in range(SAMPLES)], hops_busy)
     finally:
         store.close()
         await env.shutdown()
@@ -256,6 +290,15 @@ async def main() -> None:
             "samples_per_round": SAMPLES,
             "busy_runs_overlapping_backlog": f"{sum(overlap)}/{len(overlap)}",
             "backlog_drain_s": b_tail,
+            # Per action, median ms: where the busy runs' extra time went (waits are
+            # the server's matching and the pollers, runs the workers' own time).
+            "action_hops_ms": {
+                k: {
+                    "idle": round(statistics.median(hops_idle[k]), 1),
+                    "under_backlog": round(statistics.median(hops_busy[k]), 1),
+                }
+                for k in hops_idle
+            },
         },
         "gc_frozen": out_frozen,
     }
