@@ -29,6 +29,9 @@ __all__ = ["DISPATCH", "DispatchActivities"]
 
 DISPATCH = DISPATCH_ACTIVITY
 
+#: Share of a dispatch attempt's start-to-close timeout that contention pacing may use.
+PACE_SHARE = 0.5
+
 
 class DispatchActivities:
     """Signals admissions and rejections through ``client``."""
@@ -83,10 +86,17 @@ class DispatchActivities:
                 admissions = [a for a in admissions if a.admission.action_id not in handed]
 
         fair = self.fairness
+        pace_until: float | None = None
+        if fair is not None:
+            # Pacing takes at most half the attempt's time: the rest of the batch then
+            # goes at full speed rather than time out and start over.
+            timeout = activity.info().start_to_close_timeout
+            if timeout is not None:
+                pace_until = fair.now() + timeout.total_seconds() * PACE_SHARE
 
         async def send(workflow_id: str, action_id: str, name: str, arg: object) -> None:
             if fair is not None:  # outside the budget: a paced shard holds no slot
-                await fair.pace(batch.tenant)
+                await fair.pace(batch.tenant, pace_until)
             async with sem:
                 try:
                     await self.client.get_workflow_handle(workflow_id).signal(name, arg)

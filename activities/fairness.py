@@ -85,8 +85,21 @@ class ShardFairness:
             del self._active[t]
         return any(t != tenant for t in self._active)
 
-    async def pace(self, tenant: str) -> None:
-        """Wait until ``tenant`` may send one more signal."""
+    def now(self) -> float:
+        """This policy's clock (monotonic seconds)."""
+        return self._clock()
+
+    async def pace(self, tenant: str, until: float | None = None) -> None:
+        """Wait until ``tenant`` may send one more signal.
+
+        Args:
+            tenant: the sending shard.
+            until: on this policy's clock (``now()``), when pacing stops for this
+                sender: no wait reaches past it, and after it signals go at once. A
+                dispatch sets it within its own timeout, so that however low the rate,
+                a paced batch is never cut off by its timeout and retried (paced again)
+                for ever.
+        """
         if self.rate <= 0:
             return
         if not self.contended(tenant):
@@ -94,6 +107,8 @@ class ShardFairness:
             self._buckets.pop(tenant, None)
             return
         now = self._clock()
+        if until is not None and now >= until:
+            return
         b = self._buckets.get(tenant)
         if b is None:
             b = self._buckets[tenant] = _Bucket(float(self.burst), now)
@@ -105,6 +120,8 @@ class ShardFairness:
         if b.tokens >= 0:
             return
         wait = -b.tokens / self.rate
+        if until is not None:
+            wait = min(wait, until - now)
         self.waits += 1
         self.waited_s += wait
         await self._sleep(wait)

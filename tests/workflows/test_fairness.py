@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from datetime import timedelta
 from typing import cast
 
 import pytest
@@ -136,3 +138,41 @@ async def test_a_paced_shard_holds_no_slot_of_the_shared_budget() -> None:
     assert "a0" in fake.signalled and len([s for s in fake.signalled if s.startswith("b")]) < 4
     await bulk
     assert len(fake.signalled) == 5
+
+
+async def test_pacing_stops_at_until_and_no_wait_reaches_past_it() -> None:
+    clock = FakeClock()
+    f = make_fairness(clock, rate=1.0, burst=1)
+    f.touch("small")
+    times = []
+    for _ in range(5):
+        f.touch("small")
+        await f.pace("bulk", until=102.5)
+        times.append(round(clock.now - 100.0, 6))
+    # The burst, two tokens 1 s apart, a wait cut at 2.5 s, then full speed.
+    assert times == [0.0, 1.0, 2.0, 2.5, 2.5]
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "slept_s"),
+    [
+        pytest.param(30.0, 9.9, id="batch-fits-its-budget-paced-throughout"),
+        pytest.param(4.0, 2.0, id="slow-rate-pacing-ends-at-half-the-timeout"),
+    ],
+)
+async def test_a_paced_dispatch_never_outlives_its_timeout(
+    timeout_s: float, slept_s: float
+) -> None:
+    """However low the contended rate, a batch is sent within its attempt's timeout (a
+    batch cut off by its timeout would be retried, and paced again, for ever)."""
+    clock = FakeClock()
+    # The interactive shard stays active throughout.
+    fair = ShardFairness(10.0, 1, active_s=100.0, clock=clock, sleep=clock.sleep)
+    fake = FakeTemporal(delay=0)
+    acts = DispatchActivities(cast(Client, fake), fairness=fair)
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, start_to_close_timeout=timedelta(seconds=timeout_s))
+    fair.touch("interactive")
+    await env.run(acts.dispatch, batch("bulk", [f"x{i}" for i in range(100)]))
+    assert len(fake.signalled) == 100
+    assert round(clock.now - 100.0, 6) == slept_s
