@@ -1340,26 +1340,27 @@ class Scheduler:
                         # for reservations below.
                         # An effect the same as the last pass's at its place is that
                         # one, kept (fewer young objects for the collector to walk).
+                        # (Past the first difference too: one queue's moved
+                        # reservation leaves the effects after it mostly in place.)
                         prev = self._prev_effects
                         for cname, head in q.last_holds:
                             if cname not in holds:
                                 holds[cname] = head
-                                if self._diverged is None:
-                                    i = len(effects)
-                                    p = prev[i] if i < len(prev) else None
-                                    if (
-                                        p is None
-                                        or p[0] != "h"
-                                        or p[1] != cname
-                                        or p[2] != head
-                                        or p[3] is not None
-                                        or p[4] is not None
-                                    ):
+                                i = len(effects)
+                                p = prev[i] if i < len(prev) else None
+                                if (
+                                    p is None
+                                    or p[0] != "h"
+                                    or p[1] != cname
+                                    or p[2] != head
+                                    or p[3] is not None
+                                    or p[4] is not None
+                                ):
+                                    if self._diverged is None:
                                         self._diverged = i
-                                    else:
-                                        effects.append(p)
-                                        continue
-                                effects.append(("h", cname, head, None, None))
+                                    effects.append(("h", cname, head, None, None))
+                                else:
+                                    effects.append(p)
                     if q.last_resv:
                         # ``_reserve_on`` and ``_effect`` inlined: every skipped
                         # reserving queue remakes its reservation, in every pass.
@@ -1372,21 +1373,21 @@ class Scheduler:
                             else:
                                 on.append(r)
                             ver = r.extra.version if r.extra is not None else -1
-                            if self._diverged is None:
-                                i = len(effects)
-                                p = prev[i] if i < len(prev) else None
-                                if (
-                                    p is None
-                                    or p[0] != "r"
-                                    or p[1] != cname
-                                    or p[2] != r.time
-                                    or p[3] != r.head
-                                    or p[4] != ver
-                                ):
+                            i = len(effects)
+                            p = prev[i] if i < len(prev) else None
+                            if (
+                                p is None
+                                or p[0] != "r"
+                                or p[1] != cname
+                                or p[2] != r.time
+                                or p[3] != r.head
+                                or p[4] != ver
+                            ):
+                                if self._diverged is None:
                                     self._diverged = i
-                                elif p[5] is r:
-                                    effects.append(p)
-                                    continue
+                            elif p[5] is r:
+                                effects.append(p)
+                                continue
                             effects.append(("r", cname, r.time, r.head, ver, r))
                     q.cap_pos = cap_end
                     # Its records now stand for this pass's upstream (the views were
