@@ -239,3 +239,79 @@ def test_any_room_a_cluster_that_moved_and_lost_its_room_does_not_vouch() -> Non
     assert s._any_room(key[0], dkey, runs) is False
     del s._cands[key]
     assert not s._cands_of(key, runs, None)[1]
+
+
+# --- records found at more than one capacity never take the held path -----------------
+#
+# A queue whose last visit admitted work keeps records found at more than one capacity
+# (``_Queue.mixed``): each answer at the capacity its admissions before it left. Such
+# records are re-checked in full (``_evals_still``, with its care for class members
+# decided on their own), never by ``_held_still``, which reads only whether each demand
+# has room anywhere and leaves the rest stale. Queue ``m`` (medium) admits ``M0`` on a
+# freed node; its gangs ``M1`` to ``M3`` (a whole cluster each) find no room. Then a
+# strict head ``H`` above holds the fleet, and more nodes free, one per cluster: ``m``
+# has changed clusters under a held fleet, its records are mixed, and the check must
+# be the full one. Decisions and reasons step by step as the plain loop's.
+MIXED_CASES = [
+    pytest.param(a, id=f"a-{a.value}-queue-that-admitted-is-rechecked-in-full-under-a-held-fleet")
+    for a in (Algorithm.greedy, Algorithm.backfill, Algorithm.easy)
+]
+
+
+def _mixed_run(algo: Algorithm, incremental: bool) -> tuple[list[Any], list[str]]:
+    """The log of every pass, and the path of each check of ``m``'s mixed records
+    under a held fleet ("held" or "full")."""
+    clusters = [ClusterSpec(f"c{i}", (NodeGroup("n", 2, NODE),)) for i in range(5)]
+    queues = [
+        QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
+        QueueSpec("hold", priority=Priority.high, algorithm=Algorithm.strict),
+        QueueSpec("m", priority=Priority.medium, algorithm=algo),
+    ]
+    s = Scheduler(clusters, queues, incremental=incremental)
+    add = submitter(s)
+    for i in range(10):
+        add("fill", f"F{i}", (NODE,), 5.0 + 3 * i)
+    add("m", "M0", (NODE,), 20.0)
+    for k in range(1, 4):
+        add("m", f"M{k}", (NODE, NODE), 30.0)
+    # Per check of ``m``'s mixed records with the fleet held: which path it took.
+    seen: list[str] = []
+    real_held, real_still = s._held_still, s._still
+
+    def held(q: Any, *args: Any) -> bool | None:
+        if q.spec.name == "m" and q.mixed:
+            seen.append("held")
+        return real_held(q, *args)
+
+    def still(q: Any, *args: Any, **kw: Any) -> bool:
+        if q.spec.name == "m" and q.mixed and len(s._holds) == len(s.clusters):
+            seen.append("full")
+        return real_still(q, *args, **kw)
+
+    s._held_still = held  # type: ignore[method-assign,assignment]
+    s._still = still  # type: ignore[method-assign]
+    log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
+    ops: list[Op] = [
+        ("finish", "F0", 1.0),  # M0 starts on c0: m's records are mixed
+        ("submit", "hold", "H", (NODE, NODE), 2.0),  # H holds the fleet
+        ("finish", "F2", 3.0),  # c1: one node free, no room for a gang
+        ("finish", "F4", 4.0),  # c2 likewise
+        ("cancel", "H", 5.0),  # the hold goes: the records are read in full
+        ("finish", "F3", 6.0),  # c1 empties: a gang starts
+    ]
+    for op in ops:
+        t = apply_op(s, op, 1000 + len(log), 40.0)
+        log.append(sorted(x.action_id for x in s.schedule(t)))
+        log.append(_state(s))
+    return log, seen
+
+
+@pytest.mark.parametrize("algo", MIXED_CASES)
+def test_mixed_records_under_a_held_fleet_are_rechecked_in_full(algo: Algorithm) -> None:
+    fast, seen = _mixed_run(algo, True)
+    plain, plain_seen = _mixed_run(algo, False)
+    assert fast == plain
+    assert plain_seen == []
+    assert fast[2] == ["M0"], "M0 starts on the freed node: m's records are mixed"
+    assert "full" in seen, "the scenario must check mixed records under a held fleet"
+    assert "held" not in seen, "mixed records went through the held path"
