@@ -1251,6 +1251,7 @@ class Scheduler:
         n_clusters = len(self.clusters)
         effects = self._effects
         chg_cache = self._chg_cache
+        hsig_cache = self._hsig_cache
         # ``_signature`` inlined; the epochs move as earlier queues admit work.
         org = self.org
         orgd = org.max_concurrent_actions is not None or org.max_concurrent_runs is not None
@@ -1323,7 +1324,26 @@ class Scheduler:
                 ):
                     # ``_still``'s held path, tried here first: most queues below a
                     # fleet held from above end there, and a pass has many of them.
-                    held = self._held_still(q, changed, now, expired)
+                    # Its commonest success inlined (no reservation, nothing expired,
+                    # the verdict and the stale set shared with a queue before): a
+                    # completion re-checks a hundred such queues.
+                    held = None
+                    hsig = q.hsig
+                    if (
+                        not expired
+                        and hsig is not None
+                        and q.resv_rec is None
+                        and q.hsig_of is q.evals
+                        and q.hsig_n == len(q.evals)
+                        and hsig_cache.get((q.spec.clusters, hsig)) is True
+                    ):
+                        hit = self._stale_last
+                        if hit is not None and hit[0] is q.stale and hit[1] is changed:
+                            q.last_hist = self._hist_epoch
+                            q.stale = hit[2]
+                            held = True
+                    if held is None:
+                        held = self._held_still(q, changed, now, expired)
                     if held is None:
                         still = self._still(q, sig_was, changed, same_upstream, now, expired, False)
                     else:
@@ -1579,21 +1599,34 @@ class Scheduler:
             got = self._chg_cache[q.cap_pos] = (end, span, {})
         answers = got[2]
         sel = q.spec.clusters
-        if sel in answers:
-            return answers[sel]
-        names = None if sel is None else self._selset(sel)
-        out: set[str] = set()
-        answer: frozenset[str] | set[str] | None = out
+        answer: frozenset[str] | set[str] | None = answers.get(sel, _UNKNOWN)
+        if answer is not _UNKNOWN:
+            return answer
+        # A selector none of the changes touched shares the empty answer (no set per
+        # selector per pass for the collector to walk): the set is made on the first
+        # change it names.
+        names = None
+        if sel is not None:
+            names = self._selsets.get(sel)
+            if names is None:
+                names = self._selset(sel)
+        out: set[str] | None = None
+        hard_seen = False
         for name, hard in got[1].items():
             if names is None or name in names:
                 if hard:
-                    answer = None
+                    hard_seen = True
                     break
-                out.add(name)
-        if answer is not None and not out:
-            # A selector none of the changes touched shares the empty answer (no set
-            # per selector per pass for the collector to walk).
+                if out is None:
+                    out = {name}
+                else:
+                    out.add(name)
+        if hard_seen:
+            answer = None
+        elif out is None:
             answer = _NO_CHANGE
+        else:
+            answer = out
         answers[sel] = answer
         return answer
 

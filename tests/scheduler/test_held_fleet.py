@@ -315,3 +315,111 @@ def test_mixed_records_under_a_held_fleet_are_rechecked_in_full(algo: Algorithm)
     assert fast[2] == ["M0"], "M0 starts on the freed node: m's records are mixed"
     assert "full" in seen, "the scenario must check mixed records under a held fleet"
     assert "held" not in seen, "mixed records went through the held path"
+
+
+# --- the held path's stale set, shared only between queues that stood alike ------------
+#
+# ``_pass`` takes the commonest held re-check inline (no reservation, nothing expired,
+# the verdict and the stale set already worked out for a queue before it): the set may
+# be shared only if the queue's stale set before and its changed clusters are the very
+# ones that answer was made from. Below ``H``'s hold, gangs of a whole cluster find no
+# room anywhere, and single nodes freed leave them so: every re-check below is held.
+# Each case: the queues below (name, algorithm, selector; visited in name order), the
+# clusters whose first fill action ends (one pass each; a tuple: together, before one
+# pass; ("cancel", action): a cancel and its pass), and each queue's stale clusters
+# after them. Then the hold goes, and everything is decided as
+# the plain loop decides.
+STALE_CASES = [
+    pytest.param(
+        [("a", Algorithm.greedy, ("c1", "c2")), ("b", Algorithm.greedy, None)],
+        ["c0", "c2"], {"a": {"c2"}, "b": {"c0", "c2"}},
+        id="a-fleet-wide-queue-after-a-pinned-one-keeps-its-older-stale-cluster"),
+    pytest.param(
+        [("a", Algorithm.greedy, None), ("b", Algorithm.strict, ("c2",)),
+         ("c", Algorithm.greedy, None)],
+        ["c0", "c2"], {"a": {"c0", "c2"}, "b": {"c2"}, "c": {"c0", "c2"}},
+        id="a-pinned-queue-between-fleet-wide-ones-gets-only-its-own-change"),
+    pytest.param(
+        [("a", Algorithm.greedy, None), ("b", Algorithm.greedy, None),
+         ("c", Algorithm.strict, None)],
+        ["c0", "c3", "c4"], {"a": {"c0", "c3", "c4"}, "b": {"c0", "c3", "c4"},
+                             "c": {"c0", "c3", "c4"}},
+        id="fleet-wide-queues-that-stood-alike-share-one-stale-set"),
+    pytest.param(
+        [("a", Algorithm.greedy, ("c0", "c1")), ("b", Algorithm.greedy, ("c3", "c4")),
+         ("c", Algorithm.greedy, None)],
+        ["c0", "c4", "c1"], {"a": {"c0", "c1"}, "b": {"c4"}, "c": {"c0", "c1", "c4"}},
+        id="pinned-queues-each-with-its-own-changes-then-a-fleet-wide-one"),
+    pytest.param(
+        [("a", Algorithm.greedy, None), ("b", Algorithm.greedy, ("c2",)),
+         ("c", Algorithm.greedy, None)],
+        [("c0", "c2")], {"a": {"c0", "c2"}, "b": {"c2"}, "c": {"c0", "c2"}},
+        id="two-ends-in-one-pass-the-pinned-queue-sees-one-the-next-fleet-wide-both"),
+    pytest.param(
+        [("a", Algorithm.greedy, None), ("b", Algorithm.greedy, None)],
+        ["c0", ("cancel", "b2"), "c2"], {"a": {"c0", "c2"}, "b": {"c2"}},
+        id="a-queue-visited-in-between-starts-afresh-beside-one-that-did-not"),
+]  # fmt: skip
+
+
+def _stale_run(
+    below: list[tuple[str, Algorithm, tuple[str, ...] | None]],
+    ends: list[Any],
+    incremental: bool,
+) -> tuple[list[Any], dict[str, set[str]], int]:
+    """The log of every pass, each queue's stale clusters after the ends, and how many
+    re-checks took the held path."""
+    clusters = [ClusterSpec(f"c{i}", (NodeGroup("n", 2, NODE),)) for i in range(5)]
+    queues = [
+        QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
+        QueueSpec("hold", priority=Priority.high, algorithm=Algorithm.strict),
+        *(QueueSpec(n, priority=Priority.medium, algorithm=a, clusters=sel) for n, a, sel in below),
+    ]
+    s = Scheduler(clusters, queues, incremental=incremental)
+    add = submitter(s)
+    for i in range(10):
+        add("fill", f"F{i}", (NODE,), 100.0)
+    add("hold", "H", (NODE, NODE), 50.0)
+    for n, _, _ in below:
+        for k in range(3):
+            add(n, f"{n}{k}", (NODE, NODE), 10.0 * (k + 1))
+    log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
+    held = 0
+    real = s._held_still
+
+    def spy(*args: Any) -> bool | None:
+        nonlocal held
+        got = real(*args)
+        held += got is True
+        return got
+
+    s._held_still = spy  # type: ignore[method-assign,assignment]
+    t = 0.0
+    for step in ends:
+        t += 1.0
+        if step[0] == "cancel":
+            assert s.cancel(step[1], t)
+            step = ()
+        for cname in (step,) if isinstance(step, str) else step:
+            fill = [a.id for a in s.actions.values() if a.cluster == cname and a.queue == "fill"]
+            s.finish(min(fill), t)
+        log.append(sorted(x.action_id for x in s.schedule(t)))
+        log.append(_state(s))
+    stale = {n: set(s.queues[n].stale or ()) for n, _, _ in below}
+    s.cancel("H", t + 1.0)
+    log.append(sorted(x.action_id for x in s.schedule(t + 1.0)))
+    log.append(_state(s))
+    return log, stale, held
+
+
+@pytest.mark.parametrize(("below", "ends", "want"), STALE_CASES)
+def test_held_rechecks_in_a_row_keep_each_queues_own_stale_set(
+    below: list[tuple[str, Algorithm, tuple[str, ...] | None]],
+    ends: list[Any],
+    want: dict[str, set[str]],
+) -> None:
+    fast, stale, held = _stale_run(below, ends, True)
+    plain, _, _ = _stale_run(below, ends, False)
+    assert fast == plain
+    assert held > 0
+    assert stale == want
