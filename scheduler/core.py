@@ -1325,7 +1325,7 @@ class Scheduler:
                     # ``_still``'s held path, tried here first: most queues below a
                     # fleet held from above end there, and a pass has many of them.
                     # Its commonest success inlined (no reservation, nothing expired,
-                    # the verdict and the stale set shared with a queue before): a
+                    # the verdict and the stale set worked out for a queue before): a
                     # completion re-checks a hundred such queues.
                     held = None
                     hsig = q.hsig
@@ -1337,8 +1337,12 @@ class Scheduler:
                         and q.hsig_n == len(q.evals)
                         and hsig_cache.get((q.spec.clusters, hsig)) is True
                     ):
+                        # (Queues that stood alike in a row first; else any before.)
+                        prev_stale = q.stale
                         hit = self._stale_last
-                        if hit is not None and hit[0] is q.stale and hit[1] is changed:
+                        if hit is None or hit[0] is not prev_stale or hit[1] is not changed:
+                            hit = self._stale_cache.get((id(prev_stale), id(changed)))
+                        if hit is not None and hit[0] is prev_stale and hit[1] is changed:
                             q.last_hist = self._hist_epoch
                             q.stale = hit[2]
                             held = True
