@@ -1252,6 +1252,7 @@ class Scheduler:
         effects = self._effects
         chg_cache = self._chg_cache
         hsig_cache = self._hsig_cache
+        selsets = self._selsets
         # ``_signature`` inlined; the epochs move as earlier queues admit work.
         org = self.org
         orgd = org.max_concurrent_actions is not None or org.max_concurrent_runs is not None
@@ -1280,9 +1281,16 @@ class Scheduler:
                     # ``_changes``' answer for the queues visited together, if known.
                     chg = chg_cache.get(q.cap_pos)
                     if chg is not None and chg[0] == cap_end:
-                        changed = chg[2].get(q.spec.clusters, _UNKNOWN)
+                        sel = q.spec.clusters
+                        changed = chg[2].get(sel, _UNKNOWN)
                         if changed is _UNKNOWN:
-                            changed = self._changes(q)
+                            # A selector the changes since missed (most, after one
+                            # completion): ``_changes``' answer without the call.
+                            names = selsets.get(sel) if sel is not None else None
+                            if names is not None and names.isdisjoint(chg[1]):
+                                changed = chg[2][sel] = _NO_CHANGE
+                            else:
+                                changed = self._changes(q)
                     else:
                         changed = self._changes(q)
                 expired: frozenset[str] | None = None
