@@ -2609,9 +2609,15 @@ class Scheduler:
         rec.where = c.name
         rec.key = _order_key(c)
         rec.time = t
-        # Admissions use EASY's extra up: it is copied when one first does.
-        r = _Reservation(t, extra, old.head, shared=True)
-        q.last_resv = ((c.name, r),)
+        # Admissions use EASY's extra up: it is copied when one first does. The queue's
+        # own reservation is moved in place (a completion moves a few every pass: no
+        # new objects for the collector). Only last pass's effects hold it besides,
+        # and they are compared field by field.
+        old.time = t
+        old.extra = extra
+        old.shared = True
+        if old_name != c.name:
+            q.last_resv = ((c.name, old),)
         return True
 
     def _effect(self, e: tuple[Any, ...]) -> None:
