@@ -29,9 +29,13 @@ is process-wide: every side runs with it, bare included (``sdk_fastpath`` in the
 So is the worker process's garbage-collector setting (``headway.worker.gc_tuning``:
 objects alive at startup frozen; ``gc_frozen``).
 
-All sides run on one dev server this script starts, in 100 concurrent workflows each;
-rounds alternate bare / bare eager / bare unsandboxed / lifecycle floor / headway after a
-warm-up round. Prints one JSON line last (see ``/work/shared/specs/benchmarks.md``).
+All sides run on one dev server this script starts, in 100 concurrent workflows each,
+after a warm-up round. In each round every side runs twice, N/2 each time, in mirrored
+order: bare / bare eager / bare unsandboxed / lifecycle floor / headway, then headway ...
+bare; a side's rate in the round is N over its two times. The server slows as its
+in-memory store fills during a run; in one fixed order that drift counted against the side
+run last (Headway), mirrored a linear drift cancels. Prints one JSON line last (see
+``/work/shared/specs/benchmarks.md``).
 
     python bench/e2e_throughput.py [--n 300] [--rounds 5]
 """
@@ -221,57 +225,58 @@ async def main() -> None:
                 client, args.n // 2, "warm-life", BARE_ACTIVITY_QUEUE, LIFECYCLE_QUEUE, True
             )
             await headway_round(client, args.n // 2, tenant, "warm", [])
-            bare: list[float] = []
-            eager: list[float] = []
-            unsb: list[float] = []
-            life: list[float] = []
-            head: list[float] = []
-            ratio: list[float] = []
-            ratio_eager: list[float] = []
-            ratio_unsb: list[float] = []
-            ratio_life: list[float] = []
+            # Where each bare-side workflow runs: (activity queue, workflow queue, floor?).
+            bare_sides: dict[str, tuple[str | None, str, bool]] = {
+                "bare": (BARE_ACTIVITY_QUEUE, BARE_QUEUE, False),
+                "eager": (None, BARE_QUEUE, False),
+                "unsb": (BARE_ACTIVITY_QUEUE, BARE_UNSANDBOXED_QUEUE, False),
+                "life": (BARE_ACTIVITY_QUEUE, LIFECYCLE_QUEUE, True),
+            }
+            sides = [*bare_sides, "head"]
             lat: list[float] = []
-            # CPU ms per workflow / action: [worker+client process, dev server].
-            cpu_bare: list[tuple[float, float]] = []
-            cpu_eager: list[tuple[float, float]] = []
-            cpu_unsb: list[tuple[float, float]] = []
-            cpu_life: list[tuple[float, float]] = []
-            cpu_head: list[tuple[float, float]] = []
-            for r in range(args.rounds):
+
+            async def run_side(side: str, n: int, tag: str) -> tuple[float, tuple[float, float]]:
+                """Seconds ``side`` took for ``n``, and the CPU it cost (s: process, server)."""
                 c0 = meter.read()
-                b = await bare_round(client, args.n, f"r{r}", BARE_ACTIVITY_QUEUE)
-                c1 = meter.read()
-                e = await bare_round(client, args.n, f"r{r}-eager", None)
-                c2 = meter.read()
-                u = await bare_round(
-                    client, args.n, f"r{r}-unsb", BARE_ACTIVITY_QUEUE, BARE_UNSANDBOXED_QUEUE
-                )
-                c3 = meter.read()
-                lf = await bare_round(
-                    client, args.n, f"r{r}-life", BARE_ACTIVITY_QUEUE, LIFECYCLE_QUEUE, True
-                )
-                c4 = meter.read()
-                h, c5 = await headway_round(client, args.n, tenant, f"r{r}", lat, meter)
-                cpu_bare.append(per_item(c0, c1, args.n))
-                cpu_eager.append(per_item(c1, c2, args.n))
-                cpu_unsb.append(per_item(c2, c3, args.n))
-                cpu_life.append(per_item(c3, c4, args.n))
-                cpu_head.append(per_item(c4, c5, args.n))
-                bare.append(b)
-                eager.append(e)
-                unsb.append(u)
-                life.append(lf)
-                head.append(h)
-                ratio.append(h / b)
-                ratio_eager.append(h / e)
-                ratio_unsb.append(h / u)
-                ratio_life.append(h / lf)
+                if side == "head":
+                    rate, c1 = await headway_round(client, n, tenant, tag, lat, meter)
+                else:
+                    aq, wq, floor = bare_sides[side]
+                    rate = await bare_round(client, n, tag, aq, wq, floor)
+                    c1 = meter.read()
+                return n / rate, (c1[0] - c0[0], c1[1] - c0[1])
+
+            rates: dict[str, list[float]] = {s: [] for s in sides}
+            # CPU ms per workflow / action: [worker+client process, dev server].
+            cpu: dict[str, list[tuple[float, float]]] = {s: [] for s in sides}
+            half = args.n // 2
+            for r in range(args.rounds):
+                # Each side runs twice a round, n/2 each time, in mirrored order (bare ...
+                # headway, then headway ... bare): the server slows as its in-memory store
+                # fills over a run, and with one fixed order that drift would count
+                # against whichever side runs last; mirrored, a linear drift cancels.
+                secs = dict.fromkeys(sides, 0.0)
+                used = {s: (0.0, 0.0) for s in sides}
+                for leg, order in (("a", sides), ("b", sides[::-1])):
+                    for side in order:
+                        dt, dc = await run_side(side, half, f"r{r}{leg}-{side}")
+                        secs[side] += dt
+                        used[side] = (used[side][0] + dc[0], used[side][1] + dc[1])
+                for side in sides:
+                    rates[side].append(2 * half / secs[side])
+                    cpu[side].append(per_item((0.0, 0.0), used[side], 2 * half))
+                b, e, u, lf, h = (rates[s][-1] for s in sides)
                 print(
                     f"round {r}: bare {b:.1f} wf/s (eager {e:.1f}, unsandboxed {u:.1f},"
                     f" lifecycle floor {lf:.1f}), headway {h:.1f} actions/s, ratio {h / b:.2f}"
                     f" (vs eager {h / e:.2f}, vs unsandboxed {h / u:.2f},"
                     f" vs lifecycle floor {h / lf:.2f}; floor vs bare {lf / b:.2f})"
                 )
+            bare, eager, unsb, life, head = (rates[s] for s in sides)
+            ratio = [x / y for x, y in zip(head, bare, strict=True)]
+            ratio_eager = [x / y for x, y in zip(head, eager, strict=True)]
+            ratio_unsb = [x / y for x, y in zip(head, unsb, strict=True)]
+            ratio_life = [x / y for x, y in zip(head, life, strict=True)]
             sched = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
             stats = await sched.query("stats")
     finally:
@@ -304,11 +309,11 @@ async def main() -> None:
                         "server": round(statistics.median(c[1] for c in cs), 2),
                     }
                     for side, cs in (
-                        ("bare", cpu_bare),
-                        ("bare_eager", cpu_eager),
-                        ("bare_unsandboxed", cpu_unsb),
-                        ("lifecycle_floor", cpu_life),
-                        ("headway", cpu_head),
+                        ("bare", cpu["bare"]),
+                        ("bare_eager", cpu["eager"]),
+                        ("bare_unsandboxed", cpu["unsb"]),
+                        ("lifecycle_floor", cpu["life"]),
+                        ("headway", cpu["head"]),
                     )
                 },
                 "clusters": 1,
