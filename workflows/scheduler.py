@@ -598,6 +598,13 @@ class SchedulerWorkflow:
         return info.is_continue_as_new_suggested() or info.get_current_history_length() > limit
 
     async def _drain_and_continue_as_new(self, inp: SchedulerInput) -> None:
+        if (self._out_admit or self._out_reject) and workflow.patched("deliver-before-continue"):
+            # Deliver what is decided first: carried, undelivered admissions (up to
+            # MAX_UNDELIVERED, ~150 bytes each) made the payload ~600 KB while a paced
+            # backlog drained; delivered, the carried state is the core's window.
+            while self._out_admit or self._out_reject:
+                self._launch_dispatches()
+                await workflow.wait_condition(lambda: self._inflight < MAX_DISPATCH_INFLIGHT)
         # Outstanding dispatches must land (or they would be redone with stale ids), and
         # update/signal handlers must not be cut off mid-way.
         await workflow.wait_condition(
