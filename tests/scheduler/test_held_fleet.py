@@ -18,6 +18,7 @@ backfill, ``e`` easy), wait with small, half-node and whole-node actions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -74,20 +75,30 @@ CASES = [
 ]  # fmt: skip
 
 
-def _build(incremental: bool) -> Scheduler:
+def _held_from_above(
+    below: list[QueueSpec], incremental: bool, fill_end: Callable[[int], float]
+) -> tuple[Scheduler, Any]:
+    """Five 2-node clusters filled by ``fill`` (10 one-node actions, the i-th estimated
+    to end at ``fill_end(i)``) and held by ``hold``'s two-node strict head; ``below``
+    queues at medium priority, empty. Returns the scheduler and its submitter."""
     clusters = [ClusterSpec(f"c{i}", (NodeGroup("n", 2, NODE),)) for i in range(5)]
     queues = [
         QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
         QueueSpec("hold", priority=Priority.high, algorithm=Algorithm.strict),
-        *(QueueSpec(n, priority=Priority.medium, algorithm=a) for n, a in BELOW.items()),
+        *below,
     ]
     s = Scheduler(clusters, queues, incremental=incremental)
     add = submitter(s)
-
     for i in range(10):
-        # Estimated ends spread out, so that the clock passes some of them.
-        add("fill", f"F{i}", (NODE,), 5.0 + 3 * i)
+        add("fill", f"F{i}", (NODE,), fill_end(i))
     add("hold", "H", (NODE, NODE), 50.0)
+    return s, add
+
+
+def _build(incremental: bool) -> Scheduler:
+    below = [QueueSpec(n, priority=Priority.medium, algorithm=a) for n, a in BELOW.items()]
+    # Estimated ends spread out, so that the clock passes some of them.
+    s, add = _held_from_above(below, incremental, lambda i: 5.0 + 3 * i)
     for name in BELOW:
         p = name.upper()
         for k, pod in enumerate([SMALL, HALF, NODE, SMALL, HALF, NODE, SMALL]):
@@ -99,28 +110,33 @@ def _state(s: Scheduler) -> list[Any]:
     return sorted((a.id, a.state, a.cluster, a.last, tuple(a.reasons)) for a in s.actions.values())
 
 
+def _count_held(s: Scheduler) -> list[int]:
+    """Count the re-checks ``s._held_still`` settles; the count is ``[0]``, kept live."""
+    count = [0]
+    real = s._held_still
+
+    def spy(*args: Any) -> bool | None:
+        got = real(*args)
+        count[0] += got is True
+        return got
+
+    s._held_still = spy  # type: ignore[method-assign,assignment]
+    return count
+
+
 def _run(ops: list[Op], incremental: bool) -> tuple[list[Any], int, int]:
     """The log of every pass, how many re-checks took the held path, and the largest
     ``stale`` set seen after a pass."""
     s = _build(incremental)
     log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
-    held = 0
+    held = _count_held(s)
     most_stale = 0
-    real = s._held_still
-
-    def spy(*args: Any) -> bool | None:
-        nonlocal held
-        got = real(*args)
-        held += got is True
-        return got
-
-    s._held_still = spy  # type: ignore[method-assign,assignment]
     for op in ops:
         t = apply_op(s, op, 1000 + len(log))
         log.append(sorted(x.action_id for x in s.schedule(t)))
         log.append(_state(s))
         most_stale = max([most_stale, *(len(q.stale or ()) for q in s.queues.values())])
-    return log, held, most_stale
+    return log, held[0], most_stale
 
 
 @pytest.mark.parametrize(("ops", "takes_held_path"), CASES)
@@ -369,31 +385,15 @@ def _stale_run(
 ) -> tuple[list[Any], dict[str, set[str]], int]:
     """The log of every pass, each queue's stale clusters after the ends, and how many
     re-checks took the held path."""
-    clusters = [ClusterSpec(f"c{i}", (NodeGroup("n", 2, NODE),)) for i in range(5)]
-    queues = [
-        QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
-        QueueSpec("hold", priority=Priority.high, algorithm=Algorithm.strict),
-        *(QueueSpec(n, priority=Priority.medium, algorithm=a, clusters=sel) for n, a, sel in below),
+    specs = [
+        QueueSpec(n, priority=Priority.medium, algorithm=a, clusters=sel) for n, a, sel in below
     ]
-    s = Scheduler(clusters, queues, incremental=incremental)
-    add = submitter(s)
-    for i in range(10):
-        add("fill", f"F{i}", (NODE,), 100.0)
-    add("hold", "H", (NODE, NODE), 50.0)
+    s, add = _held_from_above(specs, incremental, lambda i: 100.0)
     for n, _, _ in below:
         for k in range(3):
             add(n, f"{n}{k}", (NODE, NODE), 10.0 * (k + 1))
     log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
-    held = 0
-    real = s._held_still
-
-    def spy(*args: Any) -> bool | None:
-        nonlocal held
-        got = real(*args)
-        held += got is True
-        return got
-
-    s._held_still = spy  # type: ignore[method-assign,assignment]
+    held = _count_held(s)
     t = 0.0
     for step in ends:
         t += 1.0
@@ -409,7 +409,7 @@ def _stale_run(
     s.cancel("H", t + 1.0)
     log.append(sorted(x.action_id for x in s.schedule(t + 1.0)))
     log.append(_state(s))
-    return log, stale, held
+    return log, stale, held[0]
 
 
 @pytest.mark.parametrize(("below", "ends", "want"), STALE_CASES)
