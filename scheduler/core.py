@@ -71,6 +71,10 @@ _OPEN: tuple[Any, ...] = (False, ())
 INCREMENTAL = True
 """Default of ``Scheduler(incremental=...)``: False makes every visit the plain loop."""
 
+MAX_HISTORY_TASKS = 1024
+"""Tasks whose runtime history (their last two runs) is kept: the ones that ended last.
+About 40 bytes each in the carried state."""
+
 
 class NodeReport(Protocol):
     """What a capacity report says of one node (``protocol.NodeCapacity`` fits this)."""
@@ -1048,7 +1052,12 @@ class Scheduler:
                 return Reason.Unschedulable
             if not any(self._could(c, cr, ck) for c in self._eligible(q, healthy_only=False)):
                 return Reason.Unschedulable
-        self.run_accepted[run] = self.run_accepted.get(run, 0) + 1
+        if action.run or cap is not None:
+            # All time, as the fan-out limit counts. Without a fan-out limit, an action
+            # without a run (its own run) is not recorded: that would grow the carried
+            # state by an entry per action ever accepted (a drained 40k-action backlog
+            # carried 636 KB of them into continue-as-new).
+            self.run_accepted[run] = self.run_accepted.get(run, 0) + 1
         self._classify(a)
         self.actions[a.id] = a
         w = q.waiting
@@ -1139,10 +1148,17 @@ class Scheduler:
                 if not per:
                     del self.undeclared_env[a.env]
         if record:
-            h = self.history.setdefault(a.task, [])
+            # Kept for the MAX_HISTORY_TASKS tasks that ended last (most recent at the
+            # end): a task defaults to the action's id, and without a bound every action
+            # ever finished would stay in the carried state.
+            hist = self.history
+            h = hist.pop(a.task, None) or []
             h.append(now - a.start)
             if len(h) > 2:
                 del h[0]
+            hist[a.task] = h
+            if len(hist) > MAX_HISTORY_TASKS:
+                del hist[next(iter(hist))]
             self._hist_epoch += 1
         if q is not None:
             self._settle_status(q)
