@@ -523,21 +523,21 @@ class SchedulerWorkflow:
             self._tenant, action_id
         )
 
-    def _launch_dispatches(self) -> None:
+    def _launch_dispatches(self, local_ok: bool = True) -> None:
         while (self._out_admit or self._out_reject) and self._inflight < MAX_DISPATCH_INFLIGHT:
             admit = self._out_admit[:DISPATCH_BATCH]
             del self._out_admit[:DISPATCH_BATCH]
             reject = self._out_reject[: DISPATCH_BATCH - len(admit)]
             del self._out_reject[: len(reject)]
-            self._start_dispatch(DispatchBatch(self._tenant, admit, reject))
+            self._start_dispatch(DispatchBatch(self._tenant, admit, reject), local_ok)
 
-    def _start_dispatch(self, batch: DispatchBatch) -> None:
+    def _start_dispatch(self, batch: DispatchBatch, local_ok: bool = True) -> None:
         self._inflight += 1
         self._stats["dispatches"] += 1
         small = (
             not batch.probe and len(batch.admissions) + len(batch.rejections) <= LOCAL_DISPATCH_MAX
         )
-        local = small and workflow.patched("local-dispatch")
+        local = local_ok and small and workflow.patched("local-dispatch")
         self._spawn(self._dispatch(batch, local))
 
     async def _dispatch(self, batch: DispatchBatch, local: bool = False) -> None:
@@ -600,10 +600,12 @@ class SchedulerWorkflow:
     async def _drain_and_continue_as_new(self, inp: SchedulerInput) -> None:
         if (self._out_admit or self._out_reject) and workflow.patched("deliver-before-continue"):
             # Deliver what is decided first: carried, undelivered admissions (up to
-            # MAX_UNDELIVERED, ~150 bytes each) made the payload ~600 KB while a paced
-            # backlog drained; delivered, the carried state is the core's window.
+            # MAX_UNDELIVERED, ~150 bytes each) could add ~600 KB to the payload;
+            # delivered, the carried state is the core's window. By regular activities:
+            # local ones would chain in one workflow task for as long as the delivery
+            # takes (over 5 s was seen), holding back queries and signals.
             while self._out_admit or self._out_reject:
-                self._launch_dispatches()
+                self._launch_dispatches(local_ok=False)
                 await workflow.wait_condition(lambda: self._inflight < MAX_DISPATCH_INFLIGHT)
         # Outstanding dispatches must land (or they would be redone with stale ids), and
         # update/signal handlers must not be cut off mid-way.

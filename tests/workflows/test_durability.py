@@ -9,7 +9,7 @@ from headway import protocol
 from headway.workflows import client as hw
 from headway.workflows.action import ActionWorkflow
 from headway.workflows.scheduler import SchedulerWorkflow
-from headway.workflows.shared import SYNC_ACTIVITY, SchedulerInput
+from headway.workflows.shared import DISPATCH_ACTIVITY, SYNC_ACTIVITY, SchedulerInput
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.worker import Replayer
 
@@ -184,11 +184,22 @@ async def test_continue_as_new_delivers_decisions_first_and_carries_none(
         (inp,) = await converter.decode(started.input.payloads, [SchedulerInput])
         if inp.carried is not None:
             assert inp.carried["admit"] == [] and inp.carried["reject"] == [], run_id
-        delivered_first += any(
-            e.HasField("marker_recorded_event_attributes")
+        marks = [
+            i
+            for i, e in enumerate(hist.events)
+            if e.HasField("marker_recorded_event_attributes")
             and b"deliver-before-continue" in e.marker_recorded_event_attributes.SerializeToString()
-            for e in hist.events
-        )
+        ]
+        if marks:
+            delivered_first += 1
+            # Delivered by regular activities (ending the workflow task), not chained
+            # local ones.
+            assert any(
+                e.HasField("activity_task_scheduled_event_attributes")
+                and e.activity_task_scheduled_event_attributes.activity_type.name
+                == DISPATCH_ACTIVITY
+                for e in hist.events[marks[0] :]
+            ), run_id
         run_id = started.continued_execution_run_id
         if not run_id:
             break
