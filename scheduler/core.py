@@ -60,6 +60,9 @@ _SCAN_MIN = 4
 # ``Scheduler._scan``'s answer: the earliest fit (time, cluster, EASY extra), and the
 # clusters to hold.
 _ScanOut = tuple[tuple[float, ClusterState, ClusterState | None] | None, list[str]]
+# ``Scheduler._steps``: (time, releases given back by then, free cpu, memory, ephemeral
+# storage, gpu by then).
+_Step = tuple[float, int, int, int, int, int]
 _LOG_MAX = 8192
 _NO_CHANGE: frozenset[str] = frozenset()
 # Not in a cache (a cached answer may be None).
@@ -789,6 +792,9 @@ class Scheduler:
         # Per cluster: whether giving back all of ``_releases``' list (the one named)
         # empties it.
         self._rel_empty: dict[int, tuple[Any, bool]] = {}
+        # Per cluster: the free totals after each distinct time of ``_releases``' list
+        # (the one named), shared by every demand projected there (see ``_steps``).
+        self._rel_steps: dict[int, tuple[Any, list[_Step]]] = {}
         # Per demand: its total.
         self._needs: dict[int, Usage] = {}
         # Per cluster: (base, last, latest end, earliest end) of the run of admissions
@@ -3459,9 +3465,34 @@ class Scheduler:
     ) -> tuple[float, ClusterState | None] | None:
         """``_project``, cached while the cluster and the clock leave it unchanged."""
         key = (c.index, dkey, easy)
-        hit = self._fit_cache.get(key)
+        fit_cache = self._fit_cache
+        hit = fit_cache.get(key)
         if hit is not None and hit[0] != c.version:
             hit = self._carried(c, key, hit) or self._freed(c, key, hit, now)
+        if not easy and (
+            hit is None
+            or hit[0] != c.version
+            or hit[1] != self._env_epoch
+            or not hit[2] <= now <= hit[3]
+        ):
+            # EASY's projection places the demand the same way, only for real (on
+            # scratch): its time, valid over the same window, is this answer too.
+            # Backfill and EASY queues asking for one demand project it once.
+            sib = fit_cache.get((c.index, dkey, True))
+            if (
+                sib is not None
+                and sib[0] == c.version
+                and sib[1] == self._env_epoch
+                and sib[2] <= now <= sib[3]
+            ):
+                sres = sib[4]
+                hit = fit_cache[key] = (
+                    sib[0],
+                    sib[1],
+                    sib[2],
+                    sib[3],
+                    None if sres is None else (sres[0], None),
+                )
         if (
             hit is not None
             and hit[0] == c.version
@@ -3557,21 +3588,11 @@ class Scheduler:
         if releases is None:
             return None
         until = res[0]
-        fcpu, fmem, feph, fgpu = c.tcpu, c.tmem, c.teph, c.tgpu
-        i = 0
-        n = len(releases)
-        while i < n:
-            t = releases[i][0]
+        ncpu, nmem, neph, ngpu = need.cpu, need.memory, need.eph, need.gpu
+        for t, _, fcpu, fmem, feph, fgpu in self._steps(c, releases):
             if t >= until:
                 break
-            while i < n and releases[i][0] == t:
-                u = releases[i][4]
-                fcpu += u.cpu
-                fmem += u.memory
-                feph += u.eph
-                fgpu += u.gpu
-                i += 1
-            if fcpu >= need.cpu and fmem >= need.memory and feph >= need.eph and fgpu >= need.gpu:
+            if fcpu >= ncpu and fmem >= nmem and feph >= neph and fgpu >= ngpu:
                 return None  # it may fit earlier now
         got = (c.version, hit[1], hit[2], hit[3], res)
         self._fit_cache[key] = got
@@ -3676,22 +3697,13 @@ class Scheduler:
         need: Usage,
         dkey: int,
     ) -> tuple[float, ClusterState | None] | None:
-        fcpu, fmem, feph, fgpu = c.tcpu, c.tmem, c.teph, c.tgpu
         proj: ClusterState | None = None
         applied = 0
-        i = 0
         n = len(releases)
-        while i < n:
-            t = releases[i][0]
-            while i < n and releases[i][0] == t:
-                u = releases[i][4]
-                fcpu += u.cpu
-                fmem += u.memory
-                feph += u.eph
-                fgpu += u.gpu
-                i += 1
+        ncpu, nmem, neph, ngpu = need.cpu, need.memory, need.eph, need.gpu
+        for t, i, fcpu, fmem, feph, fgpu in self._steps(c, releases):
             # Totals are necessary for a fit: only then is it worth placing pod by pod.
-            if fcpu < need.cpu or fmem < need.memory or feph < need.eph or fgpu < need.gpu:
+            if fcpu < ncpu or fmem < nmem or feph < neph or fgpu < ngpu:
                 continue
             if proj is None:
                 if i == n:
@@ -3717,6 +3729,34 @@ class Scheduler:
                     self._horizon = now
                 return t, proj if easy else None
         return None
+
+    def _steps(
+        self, c: ClusterState, releases: list[tuple[float, int, Runs, list[int], Usage]]
+    ) -> list[_Step]:
+        """``c``'s free totals as ``releases`` (``_releases``' list) give work back, one
+        step per distinct time. They depend on the list alone (it is made anew when
+        ``c``'s capacity moves), not on the demand: summed once for every demand
+        projected on ``c``, instead of once per demand."""
+        hit = self._rel_steps.get(c.index)
+        if hit is not None and hit[0] is releases:
+            cached: list[_Step] = hit[1]
+            return cached
+        fcpu, fmem, feph, fgpu = c.tcpu, c.tmem, c.teph, c.tgpu
+        steps: list[_Step] = []
+        i = 0
+        n = len(releases)
+        while i < n:
+            t = releases[i][0]
+            while i < n and releases[i][0] == t:
+                u = releases[i][4]
+                fcpu += u.cpu
+                fmem += u.memory
+                feph += u.eph
+                fgpu += u.gpu
+                i += 1
+            steps.append((t, i, fcpu, fmem, feph, fgpu))
+        self._rel_steps[c.index] = (releases, steps)
+        return steps
 
     def _empty_fit(
         self, c: ClusterState, runs: Runs, dkey: int, easy: bool, t: float, now: float
