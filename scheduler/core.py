@@ -2893,12 +2893,13 @@ class Scheduler:
                 started += 1
                 admitted.append(a)
             else:
-                c.settle(i, i + 1, r)
                 if v.ver == ver:
                     memo[key] = (ver, r)
-                    if i + 1 < len(c.m):
-                        opened.append((c, i + 1, r))
+                    # The member decided opens the stretch itself: one settle for it
+                    # and the members that follow with the same answer, not two.
+                    opened.append((c, i, r))
                     continue
+                c.settle(i, i + 1, r)
             # A state change at ``pos``: what was known holds up to here only.
             ver = v.ver
             for oc, j0, rr in opened:

@@ -1,0 +1,60 @@
+"""``Scheduler._walk``: a class member decided and the members given its answer after
+it are settled as one stretch.
+
+One cluster of one node (16 CPU, 64Gi), taken by a filler; queue ``q`` holds ten
+alike one-node actions, so they form one decision class of ten.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from headway.scheduler import (
+    ActionSpec,
+    Algorithm,
+    ClusterSpec,
+    NodeGroup,
+    Priority,
+    QueueSpec,
+    Scheduler,
+    core,
+)
+from headway.scheduler.resources import Pod
+
+GI = 2**30
+NODE = Pod(cpu=16_000, memory=64 * GI)
+
+
+def _fleet() -> Scheduler:
+    s = Scheduler(
+        [ClusterSpec("a", (NodeGroup("g", 1, NODE),))],
+        [
+            QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
+            QueueSpec("q", priority=Priority.medium, algorithm=Algorithm.greedy),
+        ],
+    )
+    assert s.submit(ActionSpec("f", "fill", (NODE,), seq=0, estimate=100.0), 0.0) is None
+    assert len(s.schedule(0.0)) == 1
+    return s
+
+
+def test_a_class_decided_once_is_settled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_walk``: the member decided and the members given its answer after it are one
+    stretch, settled by one call (not the member first, then the rest)."""
+    s = _fleet()
+    for k in range(10):
+        s.submit(ActionSpec(f"w{k}", "q", (NODE,), submit=1.0, seq=20 + k, estimate=5.0), 1.0)
+    s.schedule(1.0)
+    calls: list[tuple[int, int]] = []
+    inner = core._Class.settle
+
+    def counted(self: Any, i: int, j: int, r: str) -> None:
+        calls.append((i, j))
+        inner(self, i, j, r)
+
+    monkeypatch.setattr(core._Class, "settle", counted)
+    s.invalidate()
+    assert s.schedule(1.0) == []
+    assert calls == [(0, 10)]
+    assert {s.reason(f"w{k}") for k in range(10)} == {"NoClusterCapacity"}
