@@ -64,6 +64,8 @@ _ScanOut = tuple[tuple[float, ClusterState, ClusterState | None] | None, list[st
 # storage, gpu by then).
 _Step = tuple[float, int, int, int, int, int]
 _LOG_MAX = 8192
+# Heads whose hold pairs ``Scheduler._hold`` keeps.
+_HOLD_PAIRS_MAX = 1024
 _NO_CHANGE: frozenset[str] = frozenset()
 # Not in a cache (a cached answer may be None).
 _UNKNOWN: Any = object()
@@ -736,6 +738,11 @@ class Scheduler:
         self._vhist = False
         self._vfragile = False
         self._vholds: list[tuple[str, str]] = []
+        # Per head, per cluster: the (cluster, head) pair its visits record, kept from
+        # pass to pass. A blocked head holds the same clusters every pass: a full pass
+        # would otherwise make thousands of pairs that outlive it, and the collector
+        # walks each of them (see ``_hold``).
+        self._hold_pairs: dict[str, dict[str, tuple[str, str]]] = {}
         self._vresv: _ResvRecord | None = None
         # ``_evals_still``'s fits whose reason changes in place (see ``_flip``), and
         # whether a strict head's fit among them no longer holds clusters.
@@ -2651,7 +2658,16 @@ class Scheduler:
         self._effects.append(e)
 
     def _hold(self, cname: str, head: str) -> None:
-        self._vholds.append((cname, head))
+        by_head = self._hold_pairs.get(head)
+        if by_head is None:
+            if len(self._hold_pairs) >= _HOLD_PAIRS_MAX:
+                # Heads change as work starts: never let it grow unbounded.
+                self._hold_pairs.clear()
+            by_head = self._hold_pairs[head] = {}
+        pair = by_head.get(cname)
+        if pair is None:
+            pair = by_head[cname] = (cname, head)
+        self._vholds.append(pair)
         if cname not in self._holds:
             self._holds[cname] = head
             self._effect(("h", cname, head, None, None))
