@@ -31,11 +31,13 @@ objects alive at startup frozen; ``gc_frozen``).
 
 All sides run on one dev server this script starts, in 100 concurrent workflows each,
 after a warm-up round. In each round every side runs twice, N/2 each time, in mirrored
-order: bare / bare eager / bare unsandboxed / lifecycle floor / headway, then headway ...
-bare; a side's rate in the round is N over its two times. The server slows as its
-in-memory store fills during a run; in one fixed order that drift counted against the side
-run last (Headway), mirrored a linear drift cancels. Prints one JSON line last (see
-``/work/shared/specs/benchmarks.md``).
+order: bare eager / bare unsandboxed / lifecycle floor / bare / headway, then headway /
+bare / lifecycle floor / ...; a side's rate in the round is N over its two times. The
+server slows as its in-memory store fills during a run, and the machine's load drifts; in
+one fixed order that drift counted against the side run last (Headway), mirrored a linear
+drift cancels, and with bare and Headway next to each other (bare, headway, headway, bare
+in the middle of each round) the two sides of ``ratio`` see the same load. Prints one JSON
+line last (see ``/work/shared/specs/benchmarks.md``).
 
     python bench/e2e_throughput.py [--n 300] [--rounds 5]
 """
@@ -226,11 +228,12 @@ async def main() -> None:
             )
             await headway_round(client, args.n // 2, tenant, "warm", [])
             # Where each bare-side workflow runs: (activity queue, workflow queue, floor?).
+            # In running order: bare last, so that it runs next to Headway (see above).
             bare_sides: dict[str, tuple[str | None, str, bool]] = {
-                "bare": (BARE_ACTIVITY_QUEUE, BARE_QUEUE, False),
                 "eager": (None, BARE_QUEUE, False),
                 "unsb": (BARE_ACTIVITY_QUEUE, BARE_UNSANDBOXED_QUEUE, False),
                 "life": (BARE_ACTIVITY_QUEUE, LIFECYCLE_QUEUE, True),
+                "bare": (BARE_ACTIVITY_QUEUE, BARE_QUEUE, False),
             }
             sides = [*bare_sides, "head"]
             lat: list[float] = []
@@ -251,10 +254,11 @@ async def main() -> None:
             cpu: dict[str, list[tuple[float, float]]] = {s: [] for s in sides}
             half = args.n // 2
             for r in range(args.rounds):
-                # Each side runs twice a round, n/2 each time, in mirrored order (bare ...
-                # headway, then headway ... bare): the server slows as its in-memory store
-                # fills over a run, and with one fixed order that drift would count
-                # against whichever side runs last; mirrored, a linear drift cancels.
+                # Each side runs twice a round, n/2 each time, in mirrored order (... bare,
+                # headway, then headway, bare ...): the server slows as its in-memory
+                # store fills over a run, and with one fixed order that drift would count
+                # against whichever side runs last; mirrored, a linear drift cancels, and
+                # next to each other bare and headway see the same load.
                 secs = dict.fromkeys(sides, 0.0)
                 used = {s: (0.0, 0.0) for s in sides}
                 for leg, order in (("a", sides), ("b", sides[::-1])):
@@ -265,14 +269,14 @@ async def main() -> None:
                 for side in sides:
                     rates[side].append(2 * half / secs[side])
                     cpu[side].append(per_item((0.0, 0.0), used[side], 2 * half))
-                b, e, u, lf, h = (rates[s][-1] for s in sides)
+                e, u, lf, b, h = (rates[s][-1] for s in sides)
                 print(
                     f"round {r}: bare {b:.1f} wf/s (eager {e:.1f}, unsandboxed {u:.1f},"
                     f" lifecycle floor {lf:.1f}), headway {h:.1f} actions/s, ratio {h / b:.2f}"
                     f" (vs eager {h / e:.2f}, vs unsandboxed {h / u:.2f},"
                     f" vs lifecycle floor {h / lf:.2f}; floor vs bare {lf / b:.2f})"
                 )
-            bare, eager, unsb, life, head = (rates[s] for s in sides)
+            eager, unsb, life, bare, head = (rates[s] for s in sides)
             ratio = [x / y for x, y in zip(head, bare, strict=True)]
             ratio_eager = [x / y for x, y in zip(head, eager, strict=True)]
             ratio_unsb = [x / y for x, y in zip(head, unsb, strict=True)]
