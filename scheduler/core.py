@@ -560,7 +560,7 @@ class _Eval:
     cluster with room. ``first``: the first cluster with room in placement order (when
     blocked: just one with room), or None. ``reason``: the answer. ``acts``: the
     actions of every fit that ended alike (same demand, ``blocked``, ``first`` and
-    reason; see ``_group_evals``). ``fkey``: ``first``'s placement order key, once
+    reason; see ``Scheduler._eval``). ``fkey``: ``first``'s placement order key, once
     worked out (it stays while ``first``'s capacity does). ``blind``: made while no
     reservation stood, so the visit's memo gave its answer to actions of any estimate
     (``_memo_loop``, ``_walk``): a reservation read now may tell them apart.
@@ -589,20 +589,6 @@ class _Eval:
         self.fkey: tuple[Any, ...] | None = None
 
 
-def _group_evals(evals: list[_Eval]) -> list[_Eval]:
-    """One record per set of fits that ended alike.
-
-    Checking them again (``Scheduler._evals_still``) reads the same clusters and
-    holds for each, in any order; only a reservation's verdict depends on the action
-    (its estimate), so each keeps its actions.
-    """
-    if len(evals) < 2:
-        return evals
-    out: list[_Eval] = []
-    _merge_evals({}, out, evals)
-    return out
-
-
 def _merge_evals(seen: dict[tuple[Any, ...], _Eval], out: list[_Eval], evals: list[_Eval]) -> None:
     """Add ``evals`` to the groups in ``seen`` (new groups are appended to ``out``)."""
     for e in evals:
@@ -612,7 +598,8 @@ def _merge_evals(seen: dict[tuple[Any, ...], _Eval], out: list[_Eval], evals: li
             seen[k] = e
             out.append(e)
         else:
-            g.acts.append(e.a)
+            # (``e`` may stand for several fits already: see ``Scheduler._eval``.)
+            g.acts.extend(e.acts)
             g.blind = g.blind or e.blind
 
 
@@ -734,6 +721,9 @@ class Scheduler:
         ] = {}
         # What the visit in progress depends on (copied to its queue when it ends).
         self._vevals: list[_Eval] = []
+        # ``_vevals`` by how they ended (``_merge_evals``' key): a fit that ends like
+        # one before joins its record as it is made (see ``_eval``).
+        self._vseen: dict[tuple[Any, ...], _Eval] = {}
         self._vrooms: dict[int, set[str]] = {}
         self._vhist = False
         self._vfragile = False
@@ -1498,7 +1488,7 @@ class Scheduler:
                 # Never skipped next time (see above): nothing to record.
                 q.evals, q.rooms, q.views = [], {}, {}
             else:
-                q.evals = _group_evals(self._vevals)
+                q.evals = self._vevals
                 q.rooms = self._vrooms
                 q.views = self._views_before(mine, q.rooms) if q.rooms else {}
             q.hist_dep = self._vhist
@@ -1591,7 +1581,7 @@ class Scheduler:
                 return started
             q.mixed = True
             q.last_sig = (q.epoch, q.spec, self._env_epoch, 0)
-        # Fits that ended alike share a record (as ``_group_evals`` makes them).
+        # Fits that ended alike share a record (as ``_eval`` makes them).
         evals = q.evals
         seen: dict[tuple[Any, ...], _Eval] = {}
         for e in evals:
@@ -2787,6 +2777,7 @@ class Scheduler:
         self._horizon = _INF
         self._vhz = {}
         self._vevals = []
+        self._vseen = {}
         self._vrooms = {}
         self._vhist = self._vfragile = False
         self._vholds = []
@@ -3151,10 +3142,10 @@ class Scheduler:
             return None
         if room:
             r = first_block or Reason.HeldForGang
-            self._vevals.append(_Eval(a, dkey, runs, blocked, first, r, not resv))
+            self._eval(a, dkey, runs, blocked, first, r, not resv)
             self._block(q, a, v)
             return r
-        self._vevals.append(_Eval(a, dkey, runs, blocked, None, Reason.NoClusterCapacity, not resv))
+        self._eval(a, dkey, runs, blocked, None, Reason.NoClusterCapacity, not resv)
         # Capacity only shrinks within a pass: no cluster of this selector will have room
         # for this demand again in it.
         self._noroom.add(nr_key)
@@ -3171,6 +3162,34 @@ class Scheduler:
                 a, runs, dkey, q.spec.clusters, v.elig, now, q.spec.algorithm is Algorithm.easy
             )
         return Reason.NoClusterCapacity
+
+    def _eval(
+        self,
+        a: _Action,
+        dkey: int,
+        runs: Runs,
+        blocked: bool,
+        first: str | None,
+        reason: Reason,
+        blind: bool,
+    ) -> None:
+        """Record a fit the visit made: in the record of the fits that ended alike
+        before it, if any (a full pass makes thousands of fits, that end in a few
+        records: grouped as they come, not made one by one and grouped after).
+
+        Checking them again (``_evals_still``) reads the same clusters and holds for
+        each, in any order; only a reservation's verdict depends on the action (its
+        estimate), so each record keeps its actions.
+        """
+        k = (dkey, blocked, first, reason)
+        g = self._vseen.get(k)
+        if g is None:
+            e = self._vseen[k] = _Eval(a, dkey, runs, blocked, first, reason, blind)
+            self._vevals.append(e)
+        else:
+            g.acts.append(a)
+            if blind:
+                g.blind = True
 
     def _cands_of(
         self, nr_key: tuple[Any, int], runs: Runs, elig: list[ClusterState] | None
