@@ -733,6 +733,9 @@ class Scheduler:
         # would otherwise make thousands of pairs that outlive it, and the collector
         # walks each of them (see ``_hold``).
         self._hold_pairs: dict[str, dict[str, tuple[str, str]]] = {}
+        # Per (selector, demand): ``_holdable``'s answer, with the capacity log
+        # position of the last hard change it stands at.
+        self._holdables: dict[tuple[Any, int], tuple[int, list[str]]] = {}
         self._vresv: _ResvRecord | None = None
         # ``_evals_still``'s fits whose reason changes in place (see ``_flip``), and
         # whether a strict head's fit among them no longer holds clusters.
@@ -2647,6 +2650,23 @@ class Scheduler:
                 self._diverged = i
         self._effects.append(e)
 
+    def _holdable(
+        self, sel: tuple[str, ...] | None, elig: list[ClusterState], runs: Runs, dkey: int
+    ) -> list[str]:
+        """The clusters of ``elig`` (selector ``sel``'s healthy ones, in order) that are
+        known and whose node shapes could hold demand ``dkey``: where a strict head
+        with no room anywhere holds. They move only with a hard change (health, node
+        shapes, the fleet), so every blocked head of the demand under the selector
+        reads one list until then, instead of asking each cluster again."""
+        key = (sel, dkey)
+        hit = self._holdables.get(key)
+        if hit is not None and hit[0] == self._hard_at:
+            names: list[str] = hit[1]
+            return names
+        names = [c.name for c in elig if c.known and self._could(c, runs, dkey)]
+        self._holdables[key] = (self._hard_at, names)
+        return names
+
     def _hold(self, cname: str, head: str) -> None:
         by_head = self._hold_pairs.get(head)
         if by_head is None:
@@ -3151,9 +3171,8 @@ class Scheduler:
         self._noroom.add(nr_key)
         if v.strict and not v.blocked:
             self._block(q, a, v)
-            for c in v.elig:
-                if c.known and self._could(c, runs, dkey):
-                    self._hold(c.name, a.id)
+            for n in self._holdable(q.spec.clusters, v.elig, runs, dkey):
+                self._hold(n, a.id)
         elif v.reserving and not v.reserved:
             v.reserved = True
             v.ver += 1
