@@ -736,6 +736,9 @@ class Scheduler:
         # Per (selector, demand): ``_holdable``'s answer, with the capacity log
         # position of the last hard change it stands at.
         self._holdables: dict[tuple[Any, int], tuple[int, list[str]]] = {}
+        # Per selector: ``_eligible``'s healthy clusters, with the capacity log position
+        # of the last hard change they stand at.
+        self._eligibles: dict[Any, tuple[int, list[ClusterState]]] = {}
         self._vresv: _ResvRecord | None = None
         # ``_evals_still``'s fits whose reason changes in place (see ``_flip``), and
         # whether a strict head's fit among them no longer holds clusters.
@@ -994,13 +997,24 @@ class Scheduler:
         return sum(h) / len(h)
 
     def _eligible(self, q: _Queue, healthy_only: bool = True) -> list[ClusterState]:
+        """The clusters of ``q``'s selector (healthy ones only, unless told), in the
+        selector's order. Callers must not change the list: the healthy ones are kept
+        per selector until a hard change (health, the fleet), for every visit."""
         sel = q.spec.clusters
+        if healthy_only:
+            hit = self._eligibles.get(sel)
+            if hit is not None and hit[0] == self._hard_at:
+                cached: list[ClusterState] = hit[1]
+                return cached
         cs = (
             self.clusters.values()
             if sel is None
             else [self.clusters[n] for n in sel if n in self.clusters]
         )
-        return [c for c in cs if c.healthy or not healthy_only]
+        out = [c for c in cs if c.healthy or not healthy_only]
+        if healthy_only:
+            self._eligibles[sel] = (self._hard_at, out)
+        return out
 
     def _could(self, c: ClusterState, runs: Runs, dkey: int) -> bool:
         k = (c.index, dkey)
@@ -2667,6 +2681,24 @@ class Scheduler:
         self._holdables[key] = (self._hard_at, names)
         return names
 
+    def _hold_all(self, names: list[str], head: str) -> None:
+        """``_hold`` of each of ``names`` in order (a strict head's many holds)."""
+        by_head = self._hold_pairs.get(head)
+        if by_head is None:
+            if len(self._hold_pairs) >= _HOLD_PAIRS_MAX:
+                self._hold_pairs.clear()
+            by_head = self._hold_pairs[head] = {}
+        vholds = self._vholds
+        holds = self._holds
+        for n in names:
+            pair = by_head.get(n)
+            if pair is None:
+                pair = by_head[n] = (n, head)
+            vholds.append(pair)
+            if n not in holds:
+                holds[n] = head
+                self._effect(("h", n, head, None, None))
+
     def _hold(self, cname: str, head: str) -> None:
         by_head = self._hold_pairs.get(head)
         if by_head is None:
@@ -3171,8 +3203,7 @@ class Scheduler:
         self._noroom.add(nr_key)
         if v.strict and not v.blocked:
             self._block(q, a, v)
-            for n in self._holdable(q.spec.clusters, v.elig, runs, dkey):
-                self._hold(n, a.id)
+            self._hold_all(self._holdable(q.spec.clusters, v.elig, runs, dkey), a.id)
         elif v.reserving and not v.reserved:
             v.reserved = True
             v.ver += 1
@@ -3997,6 +4028,10 @@ class Scheduler:
             c.set_nodes(caps, frees, cd["names"])
             c.healthy = cd["healthy"]
             c.known = cd["known"]
+        # Health and ``known`` were set here, not by a hard change: nothing kept may
+        # stand from before.
+        s._eligibles.clear()
+        s._holdables.clear()
         demands = [tuple(_row_pod(r) for r in pods) for pods in d["demands"]]
 
         def action(r: list[Any]) -> _Action:
