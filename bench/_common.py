@@ -20,15 +20,19 @@ TEMPORAL = Path(sys.executable).parent / "temporal"
 GI = 2**30
 
 
-async def start_server() -> WorkflowEnvironment:
-    """A dev server on free ports, with Headway's search attributes registered."""
+async def start_server(metrics_port: int | None = None) -> WorkflowEnvironment:
+    """A dev server on free ports, with Headway's search attributes registered.
+
+    ``metrics_port``: serve the server's Prometheus metrics there (``/metrics``).
+    """
+    extra = [a for kv in protocol.SERVER_DYNAMIC_CONFIG for a in ("--dynamic-config-value", kv)]
+    if metrics_port is not None:
+        extra += ["--metrics-port", str(metrics_port)]
     return await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(TEMPORAL),
         search_attributes=[SearchAttributeKey.for_keyword(n) for n in protocol.SEARCH_ATTRIBUTES],
         dev_server_log_level="error",
-        dev_server_extra_args=[
-            a for kv in protocol.SERVER_DYNAMIC_CONFIG for a in ("--dynamic-config-value", kv)
-        ],
+        dev_server_extra_args=extra,
         data_converter=protocol.data_converter(),
     )
 
