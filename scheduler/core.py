@@ -834,6 +834,10 @@ class Scheduler:
         self._effects: list[tuple[Any, ...]] = []
         self._prev_effects: list[tuple[Any, ...]] = []
         self._diverged: int | None = None
+        # What the last ``_consider`` that gave a reason read (see there).
+        self._cnames: frozenset[str] | None = None
+        self._cgate: Reason | None = None
+        self._crec: _Eval | None = None
 
     # ------------------------------------------------------------------ config
 
@@ -2926,51 +2930,113 @@ class Scheduler:
         (at the position of the action that caused it) closes every open stretch;
         each class's first member after that position is then due again. Closing a
         stretch touches only members whose last reason differs (``_Class.settle``).
+
+        An admission changes less than most state changes: the capacity of the one
+        cluster it took (capacity only shrinks within a pass) and the counters the
+        gates read. An answer that read neither (its fit found no room there, and its
+        gates answer as before) is what the fit would give again: it is carried past
+        the admission (``_carry``) instead of made again. Its stretches stay open
+        (their members owed the answer are settled when the class is next due), and
+        the fit the loop would have made is recorded as it would have been (the
+        first member due after the admission joins the answer's ``_Eval``).
         """
-        memo: dict[Any, tuple[int, Reason]] = {}
+        # Per key: [version it stands at, answer, clusters its fit found room on (None:
+        # never carried), the action whose fit it is, its gates' answer, its record,
+        # whether the loop's next fit of the key is still to be recorded].
+        memo: dict[Any, list[Any]] = {}
         # Read each time: this queue's own reservation (a state change) may add one.
         resv = self._resv
         started = 0
         ver = v.ver
-        heap = [(c.m[0].pos, 0, c) for c in q.cls.values()]
+        spec = q.spec
+        org = self.org
+        gated = (
+            spec.action_concurrency is not None
+            or spec.max_resources is not None
+            or run_gates
+            or org.max_concurrent_actions is not None
+        )
+        # (position, index, class, first member owed ``rr`` or -1, ``rr``): positions
+        # are unique, so entries never compare past the first field.
+        heap: list[tuple[int, int, _Class, int, Any]] = [
+            (c.m[0].pos, 0, c, -1, None) for c in q.cls.values()
+        ]
         heapify(heap)
-        # Stretches of classes whose answer is known: (class, first member, answer).
-        opened: list[tuple[_Class, int, Reason]] = []
+        # Stretches of classes whose answer is known: (class, first member, answer, key).
+        opened: list[tuple[_Class, int, Reason, Any]] = []
         admitted: list[_Action] = []
         while heap:
-            pos, i, c = heappop(heap)
+            pos, i, c, j0, rr = heappop(heap)
             key: Any = c.ck_est if resv else c.ck
             if run_gates:
                 key = (key, c.run)
             m = memo.get(key)
             if m is not None and m[0] == ver:
-                opened.append((c, i, m[1]))
+                r0: Reason = m[1]
+                if m[6]:
+                    # Carried past an admission: the loop would have made the fit again
+                    # here (its memo was out of date), and recorded it.
+                    m[6] = False
+                    g = m[5]
+                    if g is not None:
+                        g.acts.append(c.m[i])
+                        if not resv:
+                            g.blind = True
+                if j0 >= 0:
+                    if rr == r0:
+                        opened.append((c, j0, r0, key))
+                        continue
+                    c.settle(j0, i, rr)
+                opened.append((c, i, r0, key))
                 continue
+            if j0 >= 0:
+                c.settle(j0, i, rr)
             a = c.m[i]
             r = self._consider(q, a, v, now, out)
             if r is None:
                 started += 1
                 admitted.append(a)
+                nv = v.ver
+                if memo and not a.env:
+                    self._carry(q, memo, ver, nv, a.cluster, gated)
             else:
                 if v.ver == ver:
-                    memo[key] = (ver, r)
+                    names = self._cnames if not a.env else None
+                    memo[key] = [
+                        ver,
+                        r,
+                        names,
+                        a,
+                        None if names is None else self._cgate,
+                        self._crec,
+                        False,
+                    ]
                     # The member decided opens the stretch itself: one settle for it
                     # and the members that follow with the same answer, not two.
-                    opened.append((c, i, r))
+                    opened.append((c, i, r, key))
                     continue
                 c.settle(i, i + 1, r)
-            # A state change at ``pos``: what was known holds up to here only.
-            ver = v.ver
-            for oc, j0, rr in opened:
-                j = bisect_right(oc.m, pos, lo=j0, key=_POS)
+                nv = v.ver
+            # A state change at ``pos``: what was known holds up to here only (but for
+            # answers carried past it, whose stretches stay open).
+            for oc, j0, rr, k in opened:
+                om = oc.m
+                j = bisect_right(om, pos, lo=j0, key=_POS)
+                if memo[k][0] == nv:
+                    if j < len(om):
+                        heappush(heap, (om[j].pos, j, oc, j0, rr))
+                    else:
+                        oc.settle(j0, j, rr)
+                    continue
                 if j > j0:
                     oc.settle(j0, j, rr)
-                if j < len(oc.m):
-                    heappush(heap, (oc.m[j].pos, j, oc))
+                if j < len(om):
+                    heappush(heap, (om[j].pos, j, oc, -1, None))
+            ver = nv
             opened = []
             if i + 1 < len(c.m):
-                heappush(heap, (c.m[i + 1].pos, i + 1, c))
-        for oc, j0, rr in opened:
+                heappush(heap, (c.m[i + 1].pos, i + 1, c, -1, None))
+        for oc, j0, rr, _k in opened:
             oc.settle(j0, len(oc.m), rr)
         if started:
             for a in admitted:
@@ -2982,6 +3048,39 @@ class Scheduler:
             else:
                 q.waiting = [a for a in w if a.state == "waiting"]
         return started
+
+    def _carry(
+        self,
+        q: _Queue,
+        memo: dict[Any, list[Any]],
+        ver: int,
+        nv: int,
+        cname: str | None,
+        gated: bool,
+    ) -> None:
+        """``_walk``'s answers standing at version ``ver`` that an admission on cluster
+        ``cname`` (which moved the version to ``nv``) leaves as they are: carried to
+        ``nv``.
+
+        An admission (of an action without environment) takes capacity on ``cname``
+        alone, uses up only the reservations there, and moves the gates' counters:
+        holds, reservations, the visit's block stay. A fit that found no room on
+        ``cname`` finds none there now, and the same clusters with room, in the same
+        order, everywhere else (only ``cname``'s key moved in the placement order): the
+        same answer, if the gates still let it through. A gate's answer is asked again.
+        """
+        for m in memo.values():
+            if m[0] != ver:
+                continue
+            names = m[2]
+            if names is None or cname in names:
+                continue
+            if gated:
+                rep: _Action = m[3]
+                if self._gate(q, rep, rep.usage) is not m[4]:
+                    continue
+            m[0] = nv
+            m[6] = True
 
     # --- decision classes ------------------------------------------------------------
 
@@ -3030,7 +3129,13 @@ class Scheduler:
     def _consider(
         self, q: _Queue, a: _Action, v: _Visit, now: float, out: list[Admitted]
     ) -> Reason | None:
-        """Decide one action: admit it (returns None) or return why not."""
+        """Decide one action: admit it (returns None) or return why not.
+
+        An answer other than an admission leaves, for ``_walk``'s ``_carry``: the
+        clusters its fit found room on (``_cnames``; None: not known), its gates'
+        answer (``_cgate``), and the fit's record (``_crec``).
+        """
+        self._cnames = None
         inst = self.envs.get(a.env) if a.env_declared and a.env else None
         if inst is not None:
             demand = _ZERO
@@ -3046,6 +3151,9 @@ class Scheduler:
             demand = a.usage
         r = self._gate(q, a, demand)
         if r is not None:
+            self._cnames = _NO_CHANGE
+            self._cgate = r
+            self._crec = None
             self._block(q, a, v)
             return r
         holds = self._holds
@@ -3086,9 +3194,11 @@ class Scheduler:
         feasible = self._feasible
         nr_key = (q.spec.clusters, dkey)
         checked = False  # every cluster of ``order`` is known to have room
-        names = _NO_CHANGE  # then: their names
+        # Then: their names; or none, known to have room (no order to walk).
+        names: frozenset[str] | None = None
         if nr_key in self._noroom:
             order = []
+            names = _NO_CHANGE
         elif pref is not None:
             order = self._placement_order(v.elig, pref)
         elif self.incremental:
@@ -3129,6 +3239,7 @@ class Scheduler:
                         break
                     else:
                         if rooms is not None:
+                            assert names is not None
                             rooms.update(names)
                         first_block = (
                             Reason.HeldForGang if first in holds else Reason.BackfillWindow
@@ -3192,6 +3303,8 @@ class Scheduler:
                 self._chain_admit(chosen, before, a.est_end)
             v.ver += 1
             return None
+        self._cnames = names
+        self._cgate = None
         if room:
             r = first_block or Reason.HeldForGang
             self._eval(a, dkey, runs, blocked, first, r, not resv)
@@ -3234,12 +3347,13 @@ class Scheduler:
         k = (dkey, blocked, first, reason)
         g = self._vseen.get(k)
         if g is None:
-            e = self._vseen[k] = _Eval(a, dkey, runs, blocked, first, reason, blind)
-            self._vevals.append(e)
+            g = self._vseen[k] = _Eval(a, dkey, runs, blocked, first, reason, blind)
+            self._vevals.append(g)
         else:
             g.acts.append(a)
             if blind:
                 g.blind = True
+        self._crec = g
 
     def _cands_of(
         self, nr_key: tuple[Any, int], runs: Runs, elig: list[ClusterState] | None
