@@ -662,6 +662,10 @@ class Scheduler:
             differential tests compare against. None: the module's ``INCREMENTAL``.
     """
 
+    # ``_walk`` gives a class the answer of one alike but for its estimate, when that
+    # fit read no reservation (the tests turn it off to compare the records).
+    _SHARE_ALIKE = True
+
     def __init__(
         self,
         clusters: Sequence[ClusterSpec] = (),
@@ -838,6 +842,7 @@ class Scheduler:
         self._cnames: frozenset[str] | None = None
         self._cgate: Reason | None = None
         self._crec: _Eval | None = None
+        self._cread = False
 
     # ------------------------------------------------------------------ config
 
@@ -2944,6 +2949,10 @@ class Scheduler:
         # never carried), the action whose fit it is, its gates' answer, its record,
         # whether the loop's next fit of the key is still to be recorded].
         memo: dict[Any, list[Any]] = {}
+        # While reservations stand, the memo is by estimate too (``_Class.ck_est``): per
+        # class without it (``ck``), an entry of the memo whose fit read no reservation.
+        alike: dict[Any, list[Any]] = {}
+        share = self._SHARE_ALIKE
         # Read each time: this queue's own reservation (a state change) may add one.
         resv = self._resv
         started = 0
@@ -2992,6 +3001,19 @@ class Scheduler:
             if j0 >= 0:
                 c.settle(j0, i, rr)
             a = c.m[i]
+            if resv and share:
+                b = alike.get((c.ck, c.run) if run_gates else c.ck)
+                if b is not None and b[0] == ver:
+                    # An action alike but for its estimate got this answer, at this
+                    # state, without reading a reservation: the fit would end as its
+                    # did, for this estimate too. Recorded as the fit would have been.
+                    r = b[1]
+                    g = b[5]
+                    if g is not None:
+                        g.acts.append(a)
+                    memo[key] = [ver, r, b[2], a, b[4], g, False]
+                    opened.append((c, i, r, key))
+                    continue
             r = self._consider(q, a, v, now, out)
             if r is None:
                 started += 1
@@ -3002,7 +3024,7 @@ class Scheduler:
             else:
                 if v.ver == ver:
                     names = self._cnames if not a.env else None
-                    memo[key] = [
+                    m = memo[key] = [
                         ver,
                         r,
                         names,
@@ -3011,6 +3033,8 @@ class Scheduler:
                         self._crec,
                         False,
                     ]
+                    if resv and names is not None and not self._cread:
+                        alike[(c.ck, c.run) if run_gates else c.ck] = m
                     # The member decided opens the stretch itself: one settle for it
                     # and the members that follow with the same answer, not two.
                     opened.append((c, i, r, key))
@@ -3131,9 +3155,10 @@ class Scheduler:
     ) -> Reason | None:
         """Decide one action: admit it (returns None) or return why not.
 
-        An answer other than an admission leaves, for ``_walk``'s ``_carry``: the
-        clusters its fit found room on (``_cnames``; None: not known), its gates'
-        answer (``_cgate``), and the fit's record (``_crec``).
+        An answer other than an admission leaves, for ``_walk``: the clusters its fit
+        found room on (``_cnames``; None: not known), its gates' answer (``_cgate``),
+        the fit's record (``_crec``), and whether the fit read a reservation (``_cread``:
+        the only place the action's estimate enters it).
         """
         self._cnames = None
         inst = self.envs.get(a.env) if a.env_declared and a.env else None
@@ -3154,6 +3179,7 @@ class Scheduler:
             self._cnames = _NO_CHANGE
             self._cgate = r
             self._crec = None
+            self._cread = False
             self._block(q, a, v)
             return r
         holds = self._holds
@@ -3216,6 +3242,7 @@ class Scheduler:
                 v.order_ver = self._admissions
             order = v.order
         room = False
+        read = False  # a reservation was read (the action's estimate)
         first_block: Reason | None = None
         chosen: ClusterState | None = None
         extras: list[_Reservation] = []
@@ -3231,6 +3258,7 @@ class Scheduler:
                     for c in self._unheld(nr_key, order):
                         rs = resv.get(c.name)
                         if rs:
+                            read = True
                             need = self._allowed(a, now, rs, runs, c)
                             if need is None:
                                 continue
@@ -3305,6 +3333,7 @@ class Scheduler:
             return None
         self._cnames = names
         self._cgate = None
+        self._cread = read
         if room:
             r = first_block or Reason.HeldForGang
             self._eval(a, dkey, runs, blocked, first, r, not resv)

@@ -1,12 +1,18 @@
-"""``Scheduler._walk``: an answer an admission cannot change is carried past it.
+"""``Scheduler._walk``: answers given without making the fit again.
 
 After an admission, the plain walk makes every class's fit again. An admission takes
 capacity on one cluster and moves the gates' counters, nothing else: a class whose fit
 found no room on that cluster, and whose gates answer as before, keeps its answer
-(``Scheduler._carry``). These tests count the fits made, check the answers against the
-plain loop where carrying would be wrong (the admission took the room the class's fit
-had found; a gate closed), and check that the records a visit keeps (``_Eval``) are the
-ones the walk made before answers were carried.
+(``Scheduler._carry``).
+
+While reservations stand, classes differ by estimate too, and each makes its own fit.
+An action's estimate enters its fit only where a reservation is read: a fit that read
+none is the answer of every class alike but for the estimate (``_SHARE_ALIKE``).
+
+These tests count the fits made, check the answers against the plain loop where either
+shortcut would be wrong (the admission took the room the class's fit had found; a gate
+closed; the fit read a reservation), and check that the records a visit keeps
+(``_Eval``) are the ones the walk made without the shortcuts.
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ GPU = Pod(cpu=4_000, memory=8 * GI, gpu=1, gpu_type="H200")
 
 
 class _NoCarry(Scheduler):
-    """The walk as it was: every fit made again after an admission."""
+    """The walk as it was: every fit made again after an admission, and by each class."""
+
+    _SHARE_ALIKE = False
 
     def _carry(self, *args: Any) -> None:
         return None
@@ -111,6 +119,43 @@ def test_the_records_are_the_plain_walks() -> None:
         )
     assert got[0] == got[1]
     assert [a for *_, acts, _b in got[0] for a in acts] == [f"g{k}" for k in range(8)]
+
+
+def _reserving(s: Scheduler) -> Scheduler:
+    """``_fleet``'s scheduler with a reservation from above: queue ``up``'s head needs a
+    whole GPU node, which the filler holds, and reserves it. Then GPU actions of queue
+    ``q`` in three estimates (three classes), no room for any."""
+    s.upsert_queue(QueueSpec("up", priority=Priority.high, algorithm=Algorithm.backfill))
+    assert s.submit(ActionSpec("h", "up", (GPU_NODE,), seq=1, estimate=10.0), 0.0) is None
+    for k in range(12):
+        est = (5.0, 50.0, 500.0)[k % 3]
+        a = ActionSpec(f"g{k}", "q", (GPU,), submit=1.0, seq=10 + k, estimate=est)
+        assert s.submit(a, 1.0) is None
+    return s
+
+
+def test_classes_alike_but_for_the_estimate_share_a_fit_that_read_no_reservation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No room for the GPU actions anywhere: no reservation read, so the first class's
+    answer is the other two's, without a fit of their own."""
+    s = _reserving(_fleet())
+    seen = _counted(monkeypatch)
+    assert s.schedule(1.0) == []
+    assert s._resv
+    assert [x for x in seen if x.startswith("g")] == ["g0"]
+    assert {s.reason(f"g{k}") for k in range(12)} == {"NoClusterCapacity"}
+
+
+def test_shared_answers_are_recorded_as_the_fits_were() -> None:
+    """The record of the GPU actions' fit names one action per class, as when each class
+    made its fit."""
+    got = []
+    for cls in (Scheduler, _NoCarry):
+        s = _reserving(_fleet(cls))
+        s.schedule(1.0)
+        got.append([(str(e.reason), [a.id for a in e.acts], e.blind) for e in s.queues["q"].evals])
+    assert got[0] == got[1] == [("NoClusterCapacity", ["g0", "g1", "g2"], False)]
 
 
 def _plain_reasons(build: Any) -> list[tuple[str, tuple[str, ...]]]:
