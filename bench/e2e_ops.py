@@ -58,11 +58,11 @@ def free_port() -> int:
         return port
 
 
-def scrape(port: int) -> collections.Counter[str]:
+def scrape(port: int) -> dict[str, float]:
     """Counters of ``FAMILIES`` by operation, summed over their other labels."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    out: collections.Counter[str] = collections.Counter()
+    out: collections.defaultdict[str, float] = collections.defaultdict(float)
     for line in text.splitlines():
         m = _LINE.match(line)
         if m is None or m.group(1) not in FAMILIES:
@@ -89,8 +89,13 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300)
     args = ap.parse_args()
-    from _bare import BareWorkflow, LifecycleWorkflow, noop, noop_local
-    from _common import big_fleet, instant_delete, instant_run, start_server
+    from _bare import BareWorkflow, LifecycleWorkflow, noop, noop_local  # type: ignore[import-not-found]
+    from _common import (  # type: ignore[import-not-found]
+        big_fleet,
+        instant_delete,
+        instant_run,
+        start_server,
+    )
     from e2e_throughput import (
         BARE_ACTIVITY_QUEUE,
         BARE_QUEUE,
@@ -159,7 +164,7 @@ async def main() -> None:
                         await headway_side(client, n, tag)
                     await asyncio.sleep(2)
                     after = scrape(port)
-                    per[side].append({k: (after[k] - before[k]) / n for k in after})
+                    per[side].append({k: (v - before.get(k, 0.0)) / n for k, v in after.items()})
     finally:
         store.close()
         await env.shutdown()
