@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from headway.scheduler import ActionSpec, Scheduler
+from headway.scheduler import (
+    ActionSpec,
+    Algorithm,
+    ClusterSpec,
+    NodeGroup,
+    Priority,
+    QueueSpec,
+    Scheduler,
+)
 from headway.scheduler.resources import Pod
 from headway.scheduler.scenario import load_scenario
 from headway.scheduler.simulator import simulate
@@ -176,3 +184,16 @@ def apply_op(s: Scheduler, op: tuple[Any, ...], seq: int, estimate: float | None
         a = ActionSpec(op[2], op[1], pods, submit=t, seq=seq, estimate=estimate)
         assert s.submit(a, t) is None
     return t
+
+
+def one_node_taken(node: Pod, *queues: QueueSpec) -> Scheduler:
+    """A scheduler over one cluster ``a`` of one ``node``, which the action ``f`` of the
+    critical greedy queue ``fill`` has taken (estimated to end at t=100); ``queues``
+    come after ``fill``."""
+    s = Scheduler(
+        [ClusterSpec("a", (NodeGroup("g", 1, node),))],
+        [QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy), *queues],
+    )
+    assert s.submit(ActionSpec("f", "fill", (node,), seq=0, estimate=100.0), 0.0) is None
+    assert len(s.schedule(0.0)) == 1
+    return s

@@ -16,8 +16,6 @@ import pytest
 from headway.scheduler import (
     ActionSpec,
     Algorithm,
-    ClusterSpec,
-    NodeGroup,
     Priority,
     QueueSpec,
     Scheduler,
@@ -25,21 +23,18 @@ from headway.scheduler import (
 )
 from headway.scheduler.resources import Pod
 
+from .helpers import one_node_taken
+
 GI = 2**30
 NODE = Pod(cpu=16_000, memory=64 * GI)
 
 
 def _fleet() -> Scheduler:
-    s = Scheduler(
-        [ClusterSpec("a", (NodeGroup("g", 1, NODE),))],
-        [
-            QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
-            QueueSpec("easy", priority=Priority.high, algorithm=Algorithm.easy),
-            QueueSpec("g", priority=Priority.medium, algorithm=Algorithm.greedy),
-        ],
+    s = one_node_taken(
+        NODE,
+        QueueSpec("easy", priority=Priority.high, algorithm=Algorithm.easy),
+        QueueSpec("g", priority=Priority.medium, algorithm=Algorithm.greedy),
     )
-    assert s.submit(ActionSpec("f", "fill", (NODE,), seq=0, estimate=100.0), 0.0) is None
-    assert len(s.schedule(0.0)) == 1
     s.submit(ActionSpec("e", "easy", (NODE,), submit=1.0, seq=1, estimate=50.0), 1.0)
     for k in range(3):
         s.submit(

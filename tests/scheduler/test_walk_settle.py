@@ -13,8 +13,6 @@ import pytest
 from headway.scheduler import (
     ActionSpec,
     Algorithm,
-    ClusterSpec,
-    NodeGroup,
     Priority,
     QueueSpec,
     Scheduler,
@@ -22,21 +20,16 @@ from headway.scheduler import (
 )
 from headway.scheduler.resources import Pod
 
+from .helpers import one_node_taken
+
 GI = 2**30
 NODE = Pod(cpu=16_000, memory=64 * GI)
 
 
 def _fleet() -> Scheduler:
-    s = Scheduler(
-        [ClusterSpec("a", (NodeGroup("g", 1, NODE),))],
-        [
-            QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
-            QueueSpec("q", priority=Priority.medium, algorithm=Algorithm.greedy),
-        ],
+    return one_node_taken(
+        NODE, QueueSpec("q", priority=Priority.medium, algorithm=Algorithm.greedy)
     )
-    assert s.submit(ActionSpec("f", "fill", (NODE,), seq=0, estimate=100.0), 0.0) is None
-    assert len(s.schedule(0.0)) == 1
-    return s
 
 
 def test_a_class_decided_once_is_settled_once(monkeypatch: pytest.MonkeyPatch) -> None:
