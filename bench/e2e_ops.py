@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import re
 import socket
@@ -31,14 +32,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from headway import protocol
 from headway.protocol import DemandRequest, SubmitRequest
 from headway.store import LeaseStore
 from headway.worker import sdk_fastpath
-from headway.worker.control_plane import WORKER_TUNING, build_control_plane_worker
 from headway.workflows import client as hw
 from temporalio.client import Client
-from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 #: Metric families counted, as ``family:operation`` (``operation`` label, or task type).
 FAMILIES = (
@@ -89,18 +87,15 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300)
     args = ap.parse_args()
-    from _bare import BareWorkflow, LifecycleWorkflow, noop, noop_local  # type: ignore[import-not-found]
     from _common import (  # type: ignore[import-not-found]
         big_fleet,
-        instant_delete,
-        instant_run,
         start_server,
     )
     from e2e_throughput import (
         BARE_ACTIVITY_QUEUE,
-        BARE_QUEUE,
         LIFECYCLE_QUEUE,
         bare_round,
+        side_workers,
     )
 
     sdk_fastpath.install()
@@ -113,37 +108,9 @@ async def main() -> None:
     n = args.n
     per: dict[str, list[dict[str, float]]] = {"bare": [], "floor": [], "headway": []}
     try:
-        async with (
-            Worker(
-                client,
-                task_queue=BARE_QUEUE,
-                workflows=[BareWorkflow],
-                activities=[noop],
-                **WORKER_TUNING,
-            ),
-            Worker(
-                client,
-                task_queue=LIFECYCLE_QUEUE,
-                workflows=[LifecycleWorkflow],
-                activities=[noop_local],
-                **WORKER_TUNING,
-            ),
-            Worker(
-                client,
-                task_queue=BARE_ACTIVITY_QUEUE,
-                activities=[noop],
-                max_concurrent_activities=500,
-                activity_task_poller_behavior=PollerBehaviorAutoscaling(),
-            ),
-            build_control_plane_worker(client, store, fleet),
-            Worker(
-                client,
-                task_queue=protocol.cluster_task_queue(fleet[0].name),
-                activities=[instant_run, instant_delete],
-                max_concurrent_activities=500,
-                activity_task_poller_behavior=PollerBehaviorAutoscaling(),
-            ),
-        ):
+        async with contextlib.AsyncExitStack() as stack:
+            for w in side_workers(client, store, fleet):
+                await stack.enter_async_context(w)
             await hw.upsert_queue(client, "bench", {"name": "bench"}, fleet)
             # Warm-up: task queues loaded, the scheduler running.
             await bare_round(client, n // 3, "warm", BARE_ACTIVITY_QUEUE)

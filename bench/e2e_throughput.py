@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -85,6 +86,58 @@ async def gather_limited(coros: list[Coroutine[Any, Any, None]], limit: int = 10
             await c
 
     await asyncio.gather(*(one(c) for c in coros))
+
+
+def side_workers(client: Client, store: LeaseStore, fleet: list[Any]) -> list[Worker]:
+    """The workers of every side: bare (sandboxed and not), the lifecycle floor, the bare
+    activity worker, Headway's control plane and its simulated cluster's worker."""
+    from _bare import (  # type: ignore[import-not-found]
+        BareWorkflow,
+        LifecycleWorkflow,
+        noop,
+        noop_local,
+    )
+    from _common import instant_delete, instant_run  # type: ignore[import-not-found]
+
+    return [
+        # Same slot tuning as the control-plane worker (fair comparison).
+        Worker(
+            client,
+            task_queue=BARE_QUEUE,
+            workflows=[BareWorkflow],
+            activities=[noop],
+            **WORKER_TUNING,
+        ),
+        Worker(
+            client,
+            task_queue=BARE_UNSANDBOXED_QUEUE,
+            workflows=[BareWorkflow],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+            **WORKER_TUNING,
+        ),
+        Worker(
+            client,
+            task_queue=LIFECYCLE_QUEUE,
+            workflows=[LifecycleWorkflow],
+            activities=[noop_local],
+            **WORKER_TUNING,
+        ),
+        Worker(
+            client,
+            task_queue=BARE_ACTIVITY_QUEUE,
+            activities=[noop],
+            max_concurrent_activities=500,
+            activity_task_poller_behavior=PollerBehaviorAutoscaling(),
+        ),
+        build_control_plane_worker(client, store, fleet),
+        Worker(
+            client,
+            task_queue=protocol.cluster_task_queue(fleet[0].name),
+            activities=[instant_run, instant_delete],
+            max_concurrent_activities=500,
+            activity_task_poller_behavior=PollerBehaviorAutoscaling(),  # as worker/cluster.py
+        ),
+    ]
 
 
 async def bare_round(
@@ -153,12 +206,9 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    from _bare import BareWorkflow, LifecycleWorkflow, noop, noop_local
     from _common import (  # type: ignore[import-not-found]
         CpuMeter,
         big_fleet,
-        instant_delete,
-        instant_run,
         pct,
         start_server,
         summary,
@@ -175,45 +225,9 @@ async def main() -> None:
     fleet = big_fleet()
     tenant = "bench"
     try:
-        async with (
-            # Same slot tuning as the control-plane worker (fair comparison).
-            Worker(
-                client,
-                task_queue=BARE_QUEUE,
-                workflows=[BareWorkflow],
-                activities=[noop],
-                **WORKER_TUNING,
-            ),
-            Worker(
-                client,
-                task_queue=BARE_UNSANDBOXED_QUEUE,
-                workflows=[BareWorkflow],
-                workflow_runner=UnsandboxedWorkflowRunner(),
-                **WORKER_TUNING,
-            ),
-            Worker(
-                client,
-                task_queue=LIFECYCLE_QUEUE,
-                workflows=[LifecycleWorkflow],
-                activities=[noop_local],
-                **WORKER_TUNING,
-            ),
-            Worker(
-                client,
-                task_queue=BARE_ACTIVITY_QUEUE,
-                activities=[noop],
-                max_concurrent_activities=500,
-                activity_task_poller_behavior=PollerBehaviorAutoscaling(),
-            ),
-            build_control_plane_worker(client, store, fleet),
-            Worker(
-                client,
-                task_queue=protocol.cluster_task_queue(fleet[0].name),
-                activities=[instant_run, instant_delete],
-                max_concurrent_activities=500,
-                activity_task_poller_behavior=PollerBehaviorAutoscaling(),  # as worker/cluster.py
-            ),
-        ):
+        async with contextlib.AsyncExitStack() as stack:
+            for w in side_workers(client, store, fleet):
+                await stack.enter_async_context(w)
             # As a worker process does once it is up (``headway.worker.gc_tuning``):
             # process-wide, so every side runs with it.
             frozen = freeze_startup()
