@@ -2690,11 +2690,12 @@ class Scheduler:
         self._holdables[key] = (self._hard_at, names)
         return names
 
-    def _hold_all(self, names: list[str], head: str) -> None:
-        """``_hold`` of each of ``names`` in order (a strict head's many holds)."""
+    def _hold_all(self, names: Sequence[str], head: str) -> None:
+        """Hold each of ``names`` for ``head``, in order (a strict head holds many)."""
         by_head = self._hold_pairs.get(head)
         if by_head is None:
             if len(self._hold_pairs) >= _HOLD_PAIRS_MAX:
+                # Heads change as work starts: never let it grow unbounded.
                 self._hold_pairs.clear()
             by_head = self._hold_pairs[head] = {}
         vholds = self._vholds
@@ -2709,19 +2710,7 @@ class Scheduler:
                 self._effect(("h", n, head, None, None))
 
     def _hold(self, cname: str, head: str) -> None:
-        by_head = self._hold_pairs.get(head)
-        if by_head is None:
-            if len(self._hold_pairs) >= _HOLD_PAIRS_MAX:
-                # Heads change as work starts: never let it grow unbounded.
-                self._hold_pairs.clear()
-            by_head = self._hold_pairs[head] = {}
-        pair = by_head.get(cname)
-        if pair is None:
-            pair = by_head[cname] = (cname, head)
-        self._vholds.append(pair)
-        if cname not in self._holds:
-            self._holds[cname] = head
-            self._effect(("h", cname, head, None, None))
+        self._hold_all((cname,), head)
 
     def _reserve_on(self, cname: str, r: _Reservation) -> None:
         self._resv.setdefault(cname, []).append(r)
