@@ -26,7 +26,7 @@ from headway.scheduler.scenario import Fleet
 from ._common import cluster_names, load_fleet
 from .server import check_ports, server_argv, wait_for_port
 
-__all__ = ["Child", "Stack", "running_stack"]
+__all__ = ["Child", "Stack", "running_stack", "start_server"]
 
 
 @dataclass
@@ -107,6 +107,46 @@ def _headway(*args: str) -> list[str]:
     return [sys.executable, "-m", "headway.cli", *args]
 
 
+# What the Temporal CLI prints when a port it wanted was taken before it could bind it.
+_BIND_RACE = "address already in use"
+
+
+def start_server(
+    stack: Stack, argv: list[str], port: int, *, timeout_s: float = 90.0, attempts: int = 3
+) -> Child:
+    """Spawn the Temporal dev server and wait until it accepts connections on ``port``.
+
+    ``temporal server start-dev`` picks its internal ports (membership, history,
+    matching) itself: it finds a free one, lets it go, and binds it a moment later, so
+    another process starting at the same time can take it first and the server exits
+    with "bind: address already in use". That race is the server's, not the user's, so a
+    start that dies of it is retried (a few times, on the same data directory); any other
+    failure, and the last attempt's, is reported with the end of the server's log.
+
+    Raises:
+        click.ClickException: the server did not come up.
+    """
+    for attempt in range(1, attempts + 1):
+        server = stack.spawn("temporal-server", argv)
+        if wait_for_port(port, server.proc, timeout_s=timeout_s):
+            return server
+        tail = server.tail()
+        raced = not server.alive and _BIND_RACE in tail
+        if not raced or attempt == attempts:
+            raise click.ClickException(
+                f"the Temporal server did not come up on port {port}; its log "
+                f"({server.log}) ends with:\n{tail}"
+            )
+        # A dead child would otherwise be reported by ``Stack.failed`` as the stack's failure.
+        stack.children.remove(server)
+        click.echo(
+            f"headway: the Temporal server lost a port race at start ({_BIND_RACE}); "
+            f"starting it again (attempt {attempt + 1} of {attempts})",
+            err=True,
+        )
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
 @contextlib.contextmanager
 def running_stack(
     data_dir: Path,
@@ -126,15 +166,12 @@ def running_stack(
     address = f"127.0.0.1:{port}"
     stack = Stack(data_dir, address, None if headless else f"http://localhost:{ui_port}")
     try:
-        server = stack.spawn(
-            "temporal-server",
+        start_server(
+            stack,
             server_argv(data_dir, port=port, ui_port=ui_port, headless=headless),
+            port,
+            timeout_s=server_timeout_s,
         )
-        if not wait_for_port(port, server.proc, timeout_s=server_timeout_s):
-            raise click.ClickException(
-                f"the Temporal server did not come up on port {port}; its log "
-                f"({server.log}) ends with:\n{server.tail()}"
-            )
         common = ["--address", address, "--tenant", tenant]
         fleet_args = ["--fleet", str(Path(fleet_path).resolve())] if fleet_path else []
         db_args = ["--database-url", database_url] if database_url else []
