@@ -60,6 +60,9 @@ _SCAN_MIN = 4
 # ``Scheduler._scan``'s answer: the earliest fit (time, cluster, EASY extra), and the
 # clusters to hold.
 _ScanOut = tuple[tuple[float, ClusterState, ClusterState | None] | None, list[str]]
+# ``Scheduler._held_flips``: the fits' summary once the demands that found room since
+# have it, and for each such demand a cluster with room now.
+_HeldFlips = tuple[tuple[int, ...], dict[int, str]]
 # ``Scheduler._steps``: (time, releases given back by then, free cpu, memory, ephemeral
 # storage, gpu by then).
 _Step = tuple[float, int, int, int, int, int]
@@ -825,6 +828,11 @@ class Scheduler:
         self._held_cache: dict[tuple[Any, int], bool] = {}
         # Per pass: ``_held_still``'s verdict on the fits, by (selector, fits' summary).
         self._hsig_cache: dict[tuple[Any, tuple[int, ...]], bool] = {}
+        # Per pass: where that verdict failed, how the answers moved (``_held_flips``),
+        # by (selector, fits' summary, changed set's identity), with the changed set.
+        self._hflip_cache: dict[
+            tuple[Any, tuple[int, ...], int], tuple[Any, _HeldFlips | None]
+        ] = {}
         self._hsig_intern: dict[tuple[int, ...], tuple[int, ...]] = {}
         # Per pass: ``q.stale`` joined with a changed set, by their identities (queues
         # that stood alike share the answer).
@@ -1280,6 +1288,7 @@ class Scheduler:
         self._exp_cache = {}
         self._held_cache = {}
         self._hsig_cache = {}
+        self._hflip_cache = {}
         self._stale_cache = {}
         self._stale_last = None
         self._moved_cache = {}
@@ -1946,11 +1955,26 @@ class Scheduler:
                     got = False
                     break
             self._hsig_cache[vk] = got
+        flips: _HeldFlips | None = None
         if not got:
-            return None
+            # Some demand found room since (a completion under the held fleet): its
+            # fits' answer is HeldForGang now, if nothing but their reason moves.
+            fk = (sel, hsig, id(changed))
+            fhit = self._hflip_cache.get(fk)
+            if fhit is None or fhit[0] is not changed:
+                fhit = self._hflip_cache[fk] = (
+                    changed,
+                    self._held_flips(sel, hsig, evals, changed),
+                )
+            flips = fhit[1]
+            if flips is None or not self._held_flips_apply(q, flips[1], changed):
+                return None
         rec = q.resv_rec
+        # A reserving head whose demand found room reserves no more: the reservation
+        # is made anew below (``_new_head``), not checked.
+        head_went = flips is not None and rec is not None and rec.dkey in flips[1]
         rn: tuple[Any, ...] | None = None
-        if rec is not None:
+        if rec is not None and not head_went:
             # Records alike read alike: what ``_resv_now`` answers for a record, and
             # the horizons it reads, depend only on the record's fields, the changed
             # clusters, the selector, capacity and environments (the log's end and the
@@ -1983,9 +2007,17 @@ class Scheduler:
                     hz[n] = h
             if ok and moved is not None:
                 ok = self._resv_move(q, rec, moved, changed)
+        hist = rn is not None and rn[7]
+        if ok and flips is not None:
+            got_h = self._held_flip(q, flips, head_went, now, horizon, hz)
+            if got_h is None:
+                ok = False
+            else:
+                horizon, read_hist = got_h
+                hist = hist or read_hist
         if ok:
             q.horizon = horizon
-            q.hist_dep = q.hist_dep or (rn is not None and rn[7])
+            q.hist_dep = q.hist_dep or hist
             q.last_hist = self._hist_epoch
             prev = q.stale
             hit = self._stale_last
@@ -2002,6 +2034,145 @@ class Scheduler:
                 self._stale_last = hit
             q.stale = hit[2]
         return ok
+
+    def _held_flips(
+        self,
+        sel: tuple[str, ...] | None,
+        hsig: tuple[int, ...],
+        evals: list[_Eval],
+        changed: set[str] | frozenset[str],
+    ) -> _HeldFlips | None:
+        """Where ``_held_still``'s verdict failed for fits summarized as ``hsig`` under
+        selector ``sel``: the summary as it is now, and each demand that had no room
+        anywhere and has some now, with a cluster of ``changed`` where it has (room
+        comes only where capacity changed). None if some demand lost its room, or its
+        room is not on a changed cluster (both left to the full check).
+        """
+        runs_of_d = {e.dkey: e.runs for e in evals}
+        keys: list[int] = []
+        found: dict[int, str] = {}
+        clusters = self.clusters
+        names = None if sel is None else self._selset(sel)
+        for k in hsig:
+            d = k >> 1
+            had = bool(k & 1)
+            runs = runs_of_d[d]
+            if self._any_room(sel, d, runs) is had:
+                keys.append(k)
+                continue
+            if had:
+                return None
+            for n in changed:
+                c = clusters.get(n)
+                if (
+                    c is not None
+                    and c.healthy
+                    and (names is None or n in names)
+                    and self._room(c, d, runs)
+                ):
+                    found[d] = n
+                    break
+            else:
+                return None
+            keys.append(k | 1)
+        key = tuple(sorted(keys))
+        intern = self._hsig_intern
+        if len(intern) > 4096:
+            intern.clear()
+        return intern.setdefault(key, key), found
+
+    def _held_flips_apply(
+        self, q: _Queue, found: dict[int, str], changed: set[str] | frozenset[str]
+    ) -> bool:
+        """May ``_held_flip`` give ``q``'s fits of the demands in ``found`` their new
+        reason? Exactly where ``_evals_still`` would change it in place (see
+        ``_flip``): the classes grouped as a visit now would group them; a strict
+        queue's fits (its head's only loses its holds); a greedy queue's; a reserving
+        queue's past its head, or its head's own when the head reserved plainly (it
+        then reserves anew, ``_new_head``). And the cluster found with room must be
+        one the records will take as changed (``q.stale``), as they would have had
+        the full check set it."""
+        if not self._classes_as_now(q):
+            return False
+        algo = q.spec.algorithm
+        rec = q.resv_rec
+        head: str | None = None
+        if algo is Algorithm.strict or algo is Algorithm.greedy:
+            if rec is not None:
+                return False
+        else:
+            if rec is None or rec.held or not q.last_resv:
+                return False
+            if rec.dkey in found:
+                if q.last_holds or len(q.last_resv) != 1:
+                    return False
+            else:
+                head = q.blocked_head
+        prev = q.stale
+        for e in q.evals:
+            w = found.get(e.dkey)
+            if w is None:
+                continue
+            if w not in changed and (prev is None or w not in prev):
+                return False
+            if head is not None:
+                for a in e.acts:
+                    if a.id == head:
+                        return False
+        return True
+
+    def _held_flip(
+        self,
+        q: _Queue,
+        flips: _HeldFlips,
+        head_went: bool,
+        now: float,
+        horizon: float,
+        hz: dict[str, float],
+    ) -> tuple[float, bool] | None:
+        """Give ``q``'s fits of the demands that found room the answer HeldForGang
+        (``_held_flips_apply`` said it may), as ``_still``'s full check would: a
+        strict head's holds go; a reserving head that went reserves anew.
+
+        Returns the queue's clock horizon and whether the task history was read, or
+        None if the visit would not answer as the records now say (they were changed:
+        the queue must be visited).
+        """
+        new_hsig, found = flips
+        strict = q.spec.algorithm is Algorithm.strict
+        changed_evals: list[_Eval] = []
+        unhold = False
+        for e in q.evals:
+            w = found.get(e.dkey)
+            if w is None:
+                continue
+            e.reason = Reason.HeldForGang
+            # (A cluster the next full check takes as changed: see ``_held_flips_apply``.)
+            e.first = w
+            e.fkey = None
+            changed_evals.append(e)
+            if strict and not e.blocked:
+                unhold = True
+        read_hist = False
+        if head_went:
+            outer_h, outer_hist, outer_hz = self._horizon, self._vhist, self._vhz
+            self._horizon, self._vhist, self._vhz = horizon, False, hz
+            try:
+                ok = self._new_head(q, now)
+                horizon, read_hist = self._horizon, self._vhist
+            finally:
+                self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
+            if not ok:
+                q.hsig = None
+                return None
+        for e in changed_evals:
+            self._flip(q, e)
+        if unhold:
+            q.last_holds = ()
+        q.hsig = new_hsig
+        q.hsig_of = q.evals
+        q.hsig_n = len(q.evals)
+        return horizon, read_hist
 
     def _resv_answer(
         self,

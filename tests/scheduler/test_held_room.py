@@ -156,17 +156,19 @@ def test_held_queues_in_a_row_keep_their_own_stale_clusters() -> None:
     pinned queue ``a`` sees one of two changed clusters, the fleet-wide ones both."""
     s = _build(True, pinned=True)
     s.schedule(0.0)
-    _apply(s, ("end", "c0", 1.0), 0)  # small actions find room on c0: full checks
+    _apply(s, ("end", "c0", 1.0), 0)  # small actions find room on c0
     s.schedule(1.0)
     assert s.reason("G11") == "HeldForGang"
-    assert all(q.stale is None for q in s.queues.values())
+    # (Where only the reasons moved, c0 waits in ``stale`` too: see ``_held_flip``.)
+    before = {n: set(q.stale or ()) for n, q in s.queues.items()}
+    assert before["a"] == set()
     _apply(s, ("end", "c1", 2.0), 0)
     _apply(s, ("end", "c3", 2.0), 0)
     s.schedule(2.0)
     stale = {n: q.stale for n, q in s.queues.items() if q.stale}
     assert stale["a"] == {"c1"}
     for n in BELOW:
-        assert stale[n] == {"c1", "c3"}, n
+        assert stale[n] == before[n] | {"c1", "c3"}, n
 
 
 def test_the_setup_holds_the_fleet_and_three_quarters_find_no_room() -> None:

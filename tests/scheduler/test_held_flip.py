@@ -1,0 +1,202 @@
+"""A demand finds room under a held fleet: its fits' reasons flip without a full check.
+
+When every cluster a queue may use is held from above, a visit reads capacity only as
+whether each demand has room anywhere (``_held_still``). A completion that gives a demand
+its first room anywhere moves the answer of every fit of it from ``NoClusterCapacity``
+to ``HeldForGang``, in every queue below the hold: ``_held_flip`` changes those reasons
+in place (a strict head's holds go, a reserving head that now has room gives its
+reservation to the next action with none) instead of checking each queue in full.
+
+Pinned down here, event by event, against a full pass on a copy (``invalidate``) and
+against ``Scheduler(incremental=False)``: same admissions, same reasons.
+
+Six clusters ``c0`` to ``c5``, each of two CPU nodes and two GPU nodes, every node taken
+by one action of a critical queue pinned to its cluster. Queue ``hold`` (high, strict)
+has a head that wants both GPU nodes of one cluster: it holds all six. Below it, queues
+of every algorithm, some pinned to part of the fleet, wait with small, GPU, half-node
+and both-GPU-nodes demands, none of which has room at first.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import pytest
+from headway.scheduler import (
+    ActionSpec,
+    Algorithm,
+    ClusterSpec,
+    NodeGroup,
+    Priority,
+    QueueSpec,
+    Scheduler,
+)
+from headway.scheduler.core import Admitted
+from headway.scheduler.model import replicas_demand
+from headway.scheduler.resources import Pod
+
+GI = 2**30
+CPU_NODE = Pod(cpu=16_000, memory=64 * GI)
+GPU_NODE = Pod(cpu=32_000, memory=256 * GI, gpu=8, gpu_type="H100")
+SMALL = (Pod(cpu=2_000, memory=8 * GI),)
+GPU1 = (Pod(cpu=4_000, memory=16 * GI, gpu=1, gpu_type="H100"),)
+HALF = (Pod(cpu=8_000, memory=32 * GI),)
+BOTH_GPU = replicas_demand(GPU_NODE, 2)
+N_CLUSTERS = 6
+ALGOS = [Algorithm.greedy, Algorithm.strict, Algorithm.backfill, Algorithm.easy]
+SELECTORS: list[tuple[str, ...] | None] = [None, None, ("c0", "c1", "c2"), ("c3", "c4")]
+# The demands each queue below the hold waits with, in queue order: a reserving queue's
+# head is the GPU one until it finds room, then the small one, then the gang.
+DEMANDS = [GPU1, SMALL, HALF, BOTH_GPU, SMALL, GPU1, HALF, SMALL, BOTH_GPU, GPU1]
+
+Op = tuple[Any, ...]
+
+
+def _build(incremental: bool) -> Scheduler:
+    clusters = [
+        ClusterSpec(f"c{i}", (NodeGroup("cpu", 2, CPU_NODE), NodeGroup("gpu", 2, GPU_NODE)))
+        for i in range(N_CLUSTERS)
+    ]
+    queues = [
+        *(
+            QueueSpec(
+                f"fill{i}",
+                priority=Priority.critical,
+                algorithm=Algorithm.greedy,
+                clusters=(f"c{i}",),
+            )
+            for i in range(N_CLUSTERS)
+        ),
+        QueueSpec("hold", priority=Priority.high, algorithm=Algorithm.strict),
+        *(
+            QueueSpec(
+                f"q{k}",
+                priority=Priority.medium if k < 6 else Priority.low,
+                algorithm=ALGOS[k % 4],
+                clusters=SELECTORS[(k // 2) % 4],
+            )
+            for k in range(8)
+        ),
+    ]
+    s = Scheduler(clusters, queues, incremental=incremental)
+    seq = itertools.count(1)
+
+    def add(queue: str, aid: str, pods: tuple[Pod, ...], est: float) -> None:
+        a = ActionSpec(aid, queue, pods, submit=0.0, seq=next(seq), estimate=est)
+        assert s.submit(a, 0.0) is None
+
+    for i in range(N_CLUSTERS):
+        # GPU nodes first, so that each action lands on a node of its own shape.
+        for j in range(2):
+            add(f"fill{i}", f"G{i}{j}", (GPU_NODE,), 100.0 + 10 * i + j)
+        for j in range(2):
+            add(f"fill{i}", f"C{i}{j}", (CPU_NODE,), 50.0 + 10 * i + j)
+    add("hold", "H", BOTH_GPU, 500.0)
+    for k in range(8):
+        for n, pods in enumerate(DEMANDS):
+            add(f"q{k}", f"Q{k}.{n}", pods, [30.0, 300.0, 3000.0][n % 3])
+    return s
+
+
+# Each op is followed by a pass: ("finish" | "cancel", action, t) or ("submit", queue,
+# action, pods, t).
+OPS: list[Op] = [
+    ("finish", "C11", 1.0),  # a CPU node on c1: SMALL and HALF find room, past the heads
+    ("finish", "G30", 2.0),  # a GPU node on c3: GPU1 finds room, the heads move on
+    ("finish", "C31", 3.0),
+    ("submit", "q2", "X1", SMALL, 4.0),
+    ("finish", "C50", 5.0),  # room on c5: only the fleet-wide queues see it
+    ("finish", "G31", 6.0),  # both GPU nodes of c3: the hold's head starts there
+    ("finish", "G00", 7.0),
+    ("cancel", "Q2.1", 8.0),
+    ("finish", "C00", 9.0),
+    ("finish", "G01", 10.0),
+    ("submit", "hold", "H2", BOTH_GPU, 11.0),
+    ("finish", "C20", 12.0),
+    ("finish", "G20", 13.0),
+]
+
+
+def _state(s: Scheduler) -> list[Any]:
+    return sorted((a.id, a.state, a.cluster, a.last, tuple(a.reasons)) for a in s.actions.values())
+
+
+def _replayed(s: Scheduler) -> dict[str, Any]:
+    """What a queue found unchanged makes again in the next pass, per queue: its holds,
+    its head and its reservation (where, until when, for whom)."""
+    return {
+        n: (q.last_holds, q.blocked_head, [(c, r.time, r.head) for c, r in q.last_resv])
+        for n, q in s.queues.items()
+    }
+
+
+def _adm(adm: list[Admitted]) -> list[Any]:
+    return sorted((x.action_id, x.cluster, x.nodes, x.reasons) for x in adm)
+
+
+def _apply(s: Scheduler, op: Op, seq: int) -> float:
+    t: float = op[-1]
+    if op[0] == "finish":
+        s.finish(op[1], t)
+    elif op[0] == "cancel":
+        assert s.cancel(op[1], t)
+    else:
+        a = ActionSpec(op[2], op[1], op[3], submit=t, seq=seq, estimate=60.0)
+        assert s.submit(a, t) is None
+    return t
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count ``_held_flip``'s successes, and those where a reserving head went."""
+    seen = {"flips": 0, "heads": 0}
+    real = Scheduler._held_flip
+
+    def spy(self: Scheduler, q: Any, flips: Any, head_went: bool, *rest: Any) -> Any:
+        got = real(self, q, flips, head_went, *rest)
+        if got is not None:
+            seen["flips"] += 1
+            seen["heads"] += head_went
+        return got
+
+    monkeypatch.setattr(Scheduler, "_held_flip", spy)
+    return seen
+
+
+def test_the_setup_holds_the_fleet_and_nothing_below_finds_room() -> None:
+    s = _build(True)
+    assert len(s.schedule(0.0)) == 4 * N_CLUSTERS
+    assert s.reason("H") == "NoClusterCapacity"
+    assert sorted(s._holds) == [f"c{i}" for i in range(N_CLUSTERS)]
+    for k in range(8):
+        assert s.reason(f"Q{k}.0") == "NoClusterCapacity"
+
+
+def test_flips_under_a_held_fleet_decide_as_a_full_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After every event: the incremental pass (with ``_held_flip``) against a full pass
+    on a copy taken before it; and what each queue would make again when next found
+    unchanged (a strict head that found room holds nothing, a reserving head that did
+    reserves no more)."""
+    seen = _counting(monkeypatch)
+    s = _build(True)
+    s.schedule(0.0)
+    for i, op in enumerate(OPS):
+        t = _apply(s, op, 1000 + i)
+        full = copy.deepcopy(s)
+        full.invalidate()
+        assert _adm(s.schedule(t)) == _adm(full.schedule(t)), op
+        assert _state(s) == _state(full), op
+        assert _replayed(s) == _replayed(full), op
+    # The mechanism was used, past a reserving head and where one went.
+    assert seen["flips"] > seen["heads"] > 0
+
+
+def test_flips_under_a_held_fleet_decide_as_the_plain_loop() -> None:
+    inc, plain = _build(True), _build(False)
+    assert _adm(inc.schedule(0.0)) == _adm(plain.schedule(0.0))
+    for i, op in enumerate(OPS):
+        t = _apply(inc, op, 1000 + i)
+        _apply(plain, op, 1000 + i)
+        assert _adm(inc.schedule(t)) == _adm(plain.schedule(t)), op
+        assert _state(inc) == _state(plain), op
