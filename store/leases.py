@@ -424,23 +424,67 @@ class LeaseStore:
         results are what the calls would return one after another, in order (a put's
         bool as :attr:`Nudge.NOW` or :attr:`Nudge.NONE`).
         """
-        for kind, args in ops:
-            if kind == "finish":
-                _check_kind(args[2])
-            elif kind != "put":
-                raise ValueError(f"op: {kind!r} is not put or finish")
+        _check_ops(ops)
         with self._tx() as conn:
-            self._lock_flags(conn, ops)
-            # One flag write per channel per batch: after the first op of a channel has
-            # flipped (or found set) its flag, it stays set until this commit, so the
-            # later ops' flips would all answer "already set" anyway.
-            flips: set[tuple[str, str]] = set()
-            return [
-                Nudge(int(self._put_lease(conn, *args, flips=flips)))
-                if kind == "put"
-                else self._finish_lease(conn, *args, flips=flips)
-                for kind, args in ops
-            ]
+            return self._apply_in(conn, ops)
+
+    def apply_nowait(self, ops: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Nudge] | None:
+        """``apply`` on the calling thread when it cannot wait for anyone; else None.
+
+        For the worker's event loop, whose group commits were each handed to a thread
+        and back: ~0.2 ms of CPU per hand-off (thread wake-up, GIL hand-over, the
+        result's trip back to the loop), twice per action, more than the SQLite
+        transaction itself (~0.15 ms). So with SQLite, when the store's lock is free (no
+        other thread of this process is in a transaction) and the database's write lock
+        is free too (tried with a zero busy timeout, so another process's writer never
+        blocks the loop), the batch commits right here. Anything else returns None at
+        once, and the caller takes the thread as before. PostgreSQL: always None (each
+        statement is a network round trip).
+
+        Raises:
+            ValueError: an op is malformed (as ``apply``).
+        """
+        _check_ops(ops)
+        lock = self._lock
+        if lock is None or not lock.acquire(blocking=False):
+            return None
+        try:
+            kept = self._conn
+            if kept is None or kept.closed or kept.invalidated:
+                return None  # the thread's path (re)connects
+            dbapi: Any = kept.connection.dbapi_connection
+            busy_ms = dbapi.execute("PRAGMA busy_timeout").fetchone()[0]
+            dbapi.execute("PRAGMA busy_timeout = 0")
+            try:
+                try:
+                    tx = kept.begin()  # BEGIN IMMEDIATE (see _make_engine)
+                except DBAPIError as err:
+                    if not _is_busy(err):
+                        raise
+                    if kept.in_transaction():
+                        kept.rollback()
+                    return None
+                with tx:
+                    return self._apply_in(kept, ops)
+            finally:
+                dbapi.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
+        finally:
+            lock.release()
+
+    def _apply_in(
+        self, conn: Connection, ops: Sequence[tuple[str, tuple[Any, ...]]]
+    ) -> list[Nudge]:
+        self._lock_flags(conn, ops)
+        # One flag write per channel per batch: after the first op of a channel has
+        # flipped (or found set) its flag, it stays set until this commit, so the later
+        # ops' flips would all answer "already set" anyway.
+        flips: set[tuple[str, str]] = set()
+        return [
+            Nudge(int(self._put_lease(conn, *args, flips=flips)))
+            if kind == "put"
+            else self._finish_lease(conn, *args, flips=flips)
+            for kind, args in ops
+        ]
 
     def put_many(
         self,
@@ -807,6 +851,19 @@ class LeaseStore:
         if not leases and not done:
             return None
         return SyncResult(leases=leases, done=done)
+
+
+def _check_ops(ops: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
+    for kind, args in ops:
+        if kind == "finish":
+            _check_kind(args[2])
+        elif kind != "put":
+            raise ValueError(f"op: {kind!r} is not put or finish")
+
+
+def _is_busy(err: DBAPIError) -> bool:
+    """SQLite's "database is locked" (SQLITE_BUSY): another connection holds the write lock."""
+    return "database is locked" in str(err.orig)
 
 
 def _check_kind(kind: str) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -470,5 +472,135 @@ def test_sqlite_store_rolls_back_a_failed_transaction_and_goes_on(
         assert s.pending_count(tenant) == 0  # the batch's put was rolled back with it
         assert put(s, tenant, 1)  # and the kept connection goes on
         assert s.pending_count(tenant) == 1
+    finally:
+        s.close()
+
+
+def _puts(tenant: str, *ids: int) -> list[tuple[str, tuple[object, ...]]]:
+    return [("put", (tenant, f"a{i}", "q", f"wf-a{i}", spec(i), float(i))) for i in ids]
+
+
+def test_apply_nowait_commits_inline_exactly_as_apply(store: LeaseStore, tenant: str) -> None:
+    assert put(store, tenant, 0)  # opens the store's connection
+    N, NOW = Nudge.NONE, Nudge.NOW
+    if store.dialect != "sqlite":
+        # Every statement is a network round trip: never on the caller's thread.
+        assert store.apply_nowait(_puts(tenant, 1)) is None
+        assert store.pending_count(tenant) == 1
+        return
+    # The same answers as test_group_commit_matches_calls_one_after_another.
+    assert store.apply_nowait([*_puts(tenant, 1, 2), _puts(tenant, 1)[0]]) == [N, N, NOW]
+    r = store.sync(tenant, "s1", {"q": 10}, wants_ends=True)
+    assert [d["id"] for d in r.leases] == ["a0", "a1", "a2"]
+    ends = [("finish", (tenant, "a0", "finished")), ("finish", (tenant, "a1", "cancelled"))]
+    assert store.apply_nowait(ends) == [NOW, N]
+    with pytest.raises(ValueError, match="bogus"):
+        store.apply_nowait([("finish", (tenant, "a2", "bogus"))])
+    assert sorted(store.sync(tenant, "s2", {"q": 10}).done) == [
+        ["a0", "finished"],
+        ["a1", "cancelled"],
+    ]
+
+
+def test_apply_nowait_declines_before_the_store_has_a_connection(tmp_path: Path) -> None:
+    s = LeaseStore(f"sqlite:///{tmp_path / 'new.db'}")
+    try:
+        assert s.apply_nowait(_puts("t", 0)) is None  # the thread's path connects
+        assert s.pending_count("t") == 0
+    finally:
+        s.close()
+
+
+def test_apply_nowait_declines_while_another_thread_is_in_a_transaction(
+    tmp_path: Path, tenant: str
+) -> None:
+    s = LeaseStore(f"sqlite:///{tmp_path / 'busy.db'}")
+    try:
+        assert put(s, tenant, 0)
+        assert s._lock is not None
+        with s._lock:  # what another thread's `_tx` holds
+            assert s.apply_nowait(_puts(tenant, 1)) is None
+        assert s.pending_count(tenant) == 1  # nothing written by the declined call
+        assert s.apply_nowait(_puts(tenant, 1)) == [Nudge.NONE]
+        assert s.pending_count(tenant) == 2
+    finally:
+        s.close()
+
+
+def test_apply_nowait_never_waits_for_another_process_writer(tmp_path: Path, tenant: str) -> None:
+    path = tmp_path / "shared.db"
+    s = LeaseStore(f"sqlite:///{path}")
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert put(s, tenant, 0)
+        other.execute("BEGIN IMMEDIATE")  # another process's writer holds the write lock
+        out: list[object] = []
+        t = threading.Thread(target=lambda: out.append(s.apply_nowait(_puts(tenant, 1))))
+        t.start()
+        # With the store's own busy timeout (60 s) it would still be waiting here.
+        t.join(timeout=30)
+        assert not t.is_alive() and out == [None]
+        assert s._conn is not None
+        dbapi: Any = s._conn.connection.dbapi_connection
+        busy = dbapi.execute("PRAGMA busy_timeout").fetchone()
+        assert busy == (60_000,)  # restored for every other caller
+        other.execute("ROLLBACK")
+        # The connection is usable at once, inline and through the thread's path.
+        assert s.apply_nowait(_puts(tenant, 1)) == [Nudge.NONE]
+        assert not put(s, tenant, 2)
+        assert s.pending_count(tenant) == 3
+    finally:
+        other.close()
+        s.close()
+
+
+def test_apply_nowait_rolls_back_a_failed_batch_and_goes_on(
+    tmp_path: Path, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = LeaseStore(f"sqlite:///{tmp_path / 'kept.db'}")
+
+    def broken(*args: Any, **kwargs: Any) -> Nudge:
+        raise RuntimeError("disk full")
+
+    try:
+        assert put(s, tenant, 0)
+        with monkeypatch.context() as m:
+            m.setattr(s, "_finish_lease", broken)
+            with pytest.raises(RuntimeError, match="disk full"):
+                s.apply_nowait([*_puts(tenant, 1), ("finish", (tenant, "a0", "finished"))])
+        assert s.pending_count(tenant) == 1  # a1's put went with the failed batch
+        assert s.apply_nowait(_puts(tenant, 1)) == [Nudge.NONE]
+        assert s.pending_count(tenant) == 2
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
+    "busy",
+    [
+        pytest.param(False, id="uncontended-commits-on-the-loop"),
+        pytest.param(True, id="busy-goes-to-a-thread"),
+    ],
+)
+async def test_group_commit_takes_the_thread_only_when_the_store_is_busy(
+    tmp_path: Path, tenant: str, busy: bool
+) -> None:
+    from headway.activities.store import _GroupCommit
+
+    s = LeaseStore(f"sqlite:///{tmp_path / 'gc.db'}")
+    try:
+        assert put(s, tenant, 0)
+        gc = _GroupCommit(s)
+        assert s._lock is not None
+        if busy:
+            # Held by "another thread" until the commit has gone to a thread to wait.
+            s._lock.acquire()
+            asyncio.get_running_loop().call_later(0.05, s._lock.release)
+        results = await asyncio.gather(
+            gc.submit("put", _puts(tenant, 1)[0][1]), gc.submit("put", _puts(tenant, 2)[0][1])
+        )
+        assert list(results) == [Nudge.NONE, Nudge.NONE]
+        assert gc.threaded == (1 if busy else 0)
+        assert s.pending_count(tenant) == 3
     finally:
         s.close()
