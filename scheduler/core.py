@@ -2649,7 +2649,18 @@ class Scheduler:
             j = i + 1 if head else len(m)
             if q.runs_ok:
                 if i == 0 and j == len(m) and j > 1:
-                    c.settle_all(r)
+                    rs = c.reasons
+                    if len(rs) == 1:
+                        # ``settle_all`` of a class of one run, inlined: a flip under a
+                        # held fleet gives a new reason to thousands of such classes.
+                        pd = c.pend
+                        if rs[0] != r:
+                            rs[0] = r
+                            if r not in pd[0]:
+                                pd[0] = _noted(pd[0], r)
+                        c.lazy = bool(pd[0])
+                    else:
+                        c.settle_all(r)
                 else:
                     c.settle(i, j, r)
             else:
@@ -3844,6 +3855,9 @@ class Scheduler:
         vhz = self._vhz
         if not vhz:
             vhz.update(hz)
+            return
+        if vhz == hz:
+            # (Commonly so: a reservation made again reads the fits it read before.)
             return
         for n, h in hz.items():
             if h < vhz.get(n, _INF):
