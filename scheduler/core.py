@@ -2158,7 +2158,7 @@ class Scheduler:
             outer_h, outer_hist, outer_hz = self._horizon, self._vhist, self._vhz
             self._horizon, self._vhist, self._vhz = horizon, False, hz
             try:
-                ok = self._new_head(q, now)
+                ok = self._new_head(q, now, all_held=True)
                 horizon, read_hist = self._horizon, self._vhist
             finally:
                 self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
@@ -2231,7 +2231,7 @@ class Scheduler:
         q.hsig_n = len(evals)
         return hsig
 
-    def _new_head(self, q: _Queue, now: float) -> bool:
+    def _new_head(self, q: _Queue, now: float, all_held: bool = False) -> bool:
         """A reserving queue whose head now has room on a changed cluster: would a visit
         answer as the records (just checked with ``head_went``) say, and with which
         head and reservation? Updates ``q``'s head and reservation if it would.
@@ -2245,12 +2245,17 @@ class Scheduler:
         each class's first member after a reservation) reserves instead, as
         ``_reserve`` would now, at the state the visit would meet it in: what came
         before the queue, nothing of its own.
+
+        ``all_held``: the caller found every healthy cluster of the queue's selector
+        held (``_all_held``), so every cluster with room is (no cluster leaves the
+        fleet's healthy part without a hard change, which a check never gets past).
         """
         holds = self._holds
-        for rs in q.rooms.values():
-            for n in rs:
-                if n not in holds:
-                    return False
+        if not all_held:
+            for rs in q.rooms.values():
+                for n in rs:
+                    if n not in holds:
+                        return False
         head: _Action | None = None
         he: _Eval | None = None
         hk: tuple[float, int] | None = None
@@ -2262,6 +2267,23 @@ class Scheduler:
                         head, he, hk = a, e, k
         if head is None or he is None:
             return False  # none: no reservation at all (see ``_flip``)
+        easy = q.spec.algorithm is Algorithm.easy
+        elig = self._eligible(q)
+        env = head.env if not head.env_declared else None
+        if (
+            self.incremental
+            and len(elig) > _SCAN_MIN
+            and not (env and self.undeclared_env.get(env))
+        ):
+            # ``_reserve``'s walk, without the effects it makes (and the pass would only
+            # take back): the reservation it would make, if it makes just that.
+            best, held = self._scan(q.spec.clusters, elig, he.runs, he.dkey, now, easy)
+            if held or best is None:
+                return False
+            q.blocked_head = head.id
+            q.resv_rec = _ResvRecord(he.runs, he.dkey, easy, best[1], best[0], _NO_CHANGE)
+            q.last_resv = ((best[1].name, _Reservation(best[0], best[2], head.id, shared=True)),)
+            return True
         # ``_reserve`` makes its holds and reservation as effects of the pass; the pass
         # makes them again from the records (see ``_pass``): take them back here.
         effects = self._effects
@@ -2269,15 +2291,7 @@ class Scheduler:
         diverged = self._diverged
         vholds, vresv = self._vholds, self._vresv
         self._vholds = []
-        self._reserve(
-            head,
-            he.runs,
-            he.dkey,
-            q.spec.clusters,
-            self._eligible(q),
-            now,
-            q.spec.algorithm is Algorithm.easy,
-        )
+        self._reserve(head, he.runs, he.dkey, q.spec.clusters, elig, now, easy)
         rec = self._vresv
         made = effects[n_eff:]
         del effects[n_eff:]
