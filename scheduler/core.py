@@ -70,6 +70,9 @@ _LOG_MAX = 8192
 # Heads whose hold pairs ``Scheduler._hold`` keeps.
 _HOLD_PAIRS_MAX = 1024
 _NO_CHANGE: frozenset[str] = frozenset()
+# Selectors of at most this many clusters are read cluster by cluster rather than
+# through the capacity log (``Scheduler._any_room``).
+_SEL_SMALL = 16
 # Not in a cache (a cached answer may be None).
 _UNKNOWN: Any = object()
 # ``Scheduler._view`` of a held cluster, and of one with neither hold nor reservation.
@@ -1877,6 +1880,18 @@ class Scheduler:
                 for n in hit[2]:
                     if touched.get(n, -1) < pos:
                         return True
+                if sel is not None and len(sel) <= _SEL_SMALL:
+                    # A small selector: its clusters that moved since, told the same
+                    # way, rather than the moved set (a read of the log since ``pos``,
+                    # which most of the fleet wrote to since this one was asked).
+                    clusters = self.clusters
+                    for n in sel:
+                        if touched.get(n, -1) >= pos:
+                            c = clusters.get(n)
+                            if c is not None and c.healthy and self._room(c, dkey, runs):
+                                return True
+                    self._cands[nr_key] = (cap_end, [], _NO_CHANGE)  # as below
+                    return False
             # Lists made together stand at one log position: one answer for them.
             mk = (pos, cap_end)
             moved = self._moved_cache.get(mk, _UNKNOWN)
