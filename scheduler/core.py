@@ -765,6 +765,12 @@ class Scheduler:
         self._qorder: list[_Queue] = []
         self._qorder_ver = 0
         self._qorder_at = -1
+        # The queues that were draining when a policy last changed (``upsert_queue``,
+        # ``remove_queue`` bump ``_spec_ver``): only a policy change makes one draining,
+        # so these are all that ``schedule`` need look at to settle.
+        self._spec_ver = 0
+        self._draining: list[_Queue] = []
+        self._draining_at = -1
         for c in clusters:
             self.add_cluster(c)
         for q in queues:
@@ -944,6 +950,7 @@ class Scheduler:
         else:
             q.spec = spec
         self._qorder_ver += 1
+        self._spec_ver += 1
 
     def update_queue(self, name: str, changes: Mapping[str, Any]) -> QueueSpec:
         """Replace the fields ``changes`` gives (scenario-file notation; None unsets)."""
@@ -964,6 +971,7 @@ class Scheduler:
             raise ValueError(f"queue: {name!r} still holds actions; drain it first")
         del self.queues[name]
         self._qorder_ver += 1
+        self._spec_ver += 1
 
     def set_org(self, org: OrgLimits) -> None:
         self.org = org
@@ -1261,7 +1269,10 @@ class Scheduler:
         while self._pass(now, out):
             pass
         draining = QueueStatus.draining
-        for q in self.queues.values():
+        if self._draining_at != self._spec_ver:
+            self._draining = [q for q in self.queues.values() if q.spec.status is draining]
+            self._draining_at = self._spec_ver
+        for q in self._draining:
             if q.spec.status is draining:
                 self._settle_status(q)
         return out

@@ -1338,3 +1338,35 @@ def test_draining_queue_becomes_drained_once_empty_and_reopens() -> None:
     s.update_queue("q", {"status": "active"})
     assert s.submit(ActionSpec("e", "q", (Pod(cpu=1000),), seq=4), 22) is None
     assert [x.action_id for x in s.schedule(22)] == ["e"]
+
+
+def test_an_idle_queue_set_draining_is_drained_by_the_next_pass() -> None:
+    """A queue that holds nothing when set draining becomes drained at the next pass,
+    also after passes made before the change (``schedule`` keeps the draining queues
+    from one policy change to the next); one still running work stays draining."""
+    from headway.scheduler import ActionSpec, ClusterSpec, NodeGroup, Pod, QueueSpec, Scheduler
+    from headway.scheduler.model import QueueStatus
+
+    s = Scheduler(
+        [ClusterSpec("c1", (NodeGroup("n", 1, Pod(cpu=1000, memory=2**30)),))],
+        [QueueSpec("q"), QueueSpec("p")],
+    )
+    assert s.submit(ActionSpec("a", "p", (Pod(cpu=1000),)), 0) is None
+    assert [x.action_id for x in s.schedule(0)] == ["a"]
+
+    def status(name: str) -> QueueStatus:
+        return s.queues[name].spec.status
+
+    s.schedule(1)
+    s.update_queue("q", {"status": "draining"})
+    s.update_queue("p", {"status": "draining"})
+    s.schedule(2)
+    assert status("q") is QueueStatus.drained
+    assert status("p") is QueueStatus.draining
+    s.update_queue("q", {"status": "active"})
+    s.schedule(3)
+    s.update_queue("q", {"status": "draining"})
+    s.schedule(4)
+    assert status("q") is QueueStatus.drained
+    s.finish("a", 5)
+    assert status("p") is QueueStatus.drained
