@@ -323,6 +323,8 @@ class LeaseStore:
             threading.Lock() if engine.dialect.name == "sqlite" else None
         )
         self._conn: Connection | None = None
+        #: SQLite: the connection of ``apply_nowait`` (busy timeout 0), also kept.
+        self._nowait: Connection | None = None
         Base.metadata.create_all(engine)
         # create_all makes missing tables only: an index added since a database was made
         # is created here.
@@ -343,9 +345,10 @@ class LeaseStore:
         """Close the kept connection and release the connection pool."""
         if self._lock is not None:
             with self._lock:
-                if self._conn is not None:
-                    self._conn.close()
-                    self._conn = None
+                for conn in (self._conn, self._nowait):
+                    if conn is not None:
+                        conn.close()
+                self._conn = self._nowait = None
         self.engine.dispose()
 
     @contextmanager
@@ -449,25 +452,27 @@ class LeaseStore:
         if lock is None or not lock.acquire(blocking=False):
             return None
         try:
-            kept = self._conn
-            if kept is None or kept.closed or kept.invalidated:
-                return None  # the thread's path (re)connects
-            dbapi: Any = kept.connection.dbapi_connection
-            busy_ms = dbapi.execute("PRAGMA busy_timeout").fetchone()[0]
-            dbapi.execute("PRAGMA busy_timeout = 0")
+            if self._conn is None:
+                return None  # the store's first transaction goes the thread's way
+            fast = self._nowait
+            if fast is None or fast.closed or fast.invalidated:
+                if fast is not None:
+                    fast.close()
+                fast = self._nowait = self.engine.connect()
+                # Its own connection, so that the zero busy timeout is set once, not
+                # around every batch (each statement also hands the GIL over once).
+                dbapi: Any = fast.connection.dbapi_connection
+                dbapi.execute("PRAGMA busy_timeout = 0")
             try:
-                try:
-                    tx = kept.begin()  # BEGIN IMMEDIATE (see _make_engine)
-                except DBAPIError as err:
-                    if not _is_busy(err):
-                        raise
-                    if kept.in_transaction():
-                        kept.rollback()
-                    return None
-                with tx:
-                    return self._apply_in(kept, ops)
-            finally:
-                dbapi.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
+                tx = fast.begin()  # BEGIN IMMEDIATE (see _make_engine)
+            except DBAPIError as err:
+                if not _is_busy(err):
+                    raise
+                if fast.in_transaction():
+                    fast.rollback()
+                return None
+            with tx:
+                return self._apply_in(fast, ops)
         finally:
             lock.release()
 

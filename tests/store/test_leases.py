@@ -543,7 +543,7 @@ def test_apply_nowait_never_waits_for_another_process_writer(tmp_path: Path, ten
         assert s._conn is not None
         dbapi: Any = s._conn.connection.dbapi_connection
         busy = dbapi.execute("PRAGMA busy_timeout").fetchone()
-        assert busy == (60_000,)  # restored for every other caller
+        assert busy == (60_000,)  # every other caller still waits its turn
         other.execute("ROLLBACK")
         # The connection is usable at once, inline and through the thread's path.
         assert s.apply_nowait(_puts(tenant, 1)) == [Nudge.NONE]
@@ -601,6 +601,21 @@ async def test_group_commit_takes_the_thread_only_when_the_store_is_busy(
         )
         assert list(results) == [Nudge.NONE, Nudge.NONE]
         assert gc.threaded == (1 if busy else 0)
+        assert s.pending_count(tenant) == 3
+    finally:
+        s.close()
+
+
+def test_apply_nowait_replaces_its_connection_when_it_is_lost(tmp_path: Path, tenant: str) -> None:
+    s = LeaseStore(f"sqlite:///{tmp_path / 'lost.db'}")
+    try:
+        assert put(s, tenant, 0)
+        assert s.apply_nowait(_puts(tenant, 1)) == [Nudge.NONE]
+        fast = s._nowait
+        assert fast is not None and fast is not s._conn
+        fast.invalidate()
+        assert s.apply_nowait(_puts(tenant, 2)) == [Nudge.NONE]
+        assert s._nowait is not fast
         assert s.pending_count(tenant) == 3
     finally:
         s.close()
