@@ -451,27 +451,28 @@ def test_sqlite_store_replaces_its_kept_connection_when_it_is_lost(
         s.close()
 
 
+@pytest.mark.parametrize(
+    "inline",
+    [pytest.param(False, id="apply-on-a-thread"), pytest.param(True, id="apply_nowait-inline")],
+)
 def test_sqlite_store_rolls_back_a_failed_transaction_and_goes_on(
-    tmp_path: Path, tenant: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tenant: str, monkeypatch: pytest.MonkeyPatch, inline: bool
 ) -> None:
     s = LeaseStore(f"sqlite:///{tmp_path / 'kept.db'}")
+    apply = s.apply_nowait if inline else s.apply
 
     def broken(*args: Any, **kwargs: Any) -> Nudge:
         raise RuntimeError("disk full")
 
     try:
+        assert put(s, tenant, 0)
         with monkeypatch.context() as m:
             m.setattr(s, "_finish_lease", broken)
             with pytest.raises(RuntimeError, match="disk full"):
-                s.apply(
-                    [
-                        ("put", (tenant, "a0", "q", "wf-a0", spec(0), 1.0)),
-                        ("finish", (tenant, "a0", "finished")),
-                    ]
-                )
-        assert s.pending_count(tenant) == 0  # the batch's put was rolled back with it
-        assert put(s, tenant, 1)  # and the kept connection goes on
-        assert s.pending_count(tenant) == 1
+                apply([*_puts(tenant, 1), ("finish", (tenant, "a0", "finished"))])
+        assert s.pending_count(tenant) == 1  # the batch's put was rolled back with it
+        assert apply(_puts(tenant, 1)) == [Nudge.NONE]  # and the connection goes on
+        assert s.pending_count(tenant) == 2
     finally:
         s.close()
 
@@ -551,27 +552,6 @@ def test_apply_nowait_never_waits_for_another_process_writer(tmp_path: Path, ten
         assert s.pending_count(tenant) == 3
     finally:
         other.close()
-        s.close()
-
-
-def test_apply_nowait_rolls_back_a_failed_batch_and_goes_on(
-    tmp_path: Path, tenant: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    s = LeaseStore(f"sqlite:///{tmp_path / 'kept.db'}")
-
-    def broken(*args: Any, **kwargs: Any) -> Nudge:
-        raise RuntimeError("disk full")
-
-    try:
-        assert put(s, tenant, 0)
-        with monkeypatch.context() as m:
-            m.setattr(s, "_finish_lease", broken)
-            with pytest.raises(RuntimeError, match="disk full"):
-                s.apply_nowait([*_puts(tenant, 1), ("finish", (tenant, "a0", "finished"))])
-        assert s.pending_count(tenant) == 1  # a1's put went with the failed batch
-        assert s.apply_nowait(_puts(tenant, 1)) == [Nudge.NONE]
-        assert s.pending_count(tenant) == 2
-    finally:
         s.close()
 
 
