@@ -556,14 +556,15 @@ def test_apply_nowait_never_waits_for_another_process_writer(tmp_path: Path, ten
 
 
 @pytest.mark.parametrize(
-    "busy",
+    ("busy", "n", "threaded"),
     [
-        pytest.param(False, id="uncontended-commits-on-the-loop"),
-        pytest.param(True, id="busy-goes-to-a-thread"),
+        pytest.param(False, 2, 0, id="small-uncontended-batch-commits-on-the-loop"),
+        pytest.param(True, 2, 1, id="busy-store-goes-to-a-thread"),
+        pytest.param(False, 9, 1, id="a-burst-goes-to-a-thread-not-holding-the-loop"),
     ],
 )
-async def test_group_commit_takes_the_thread_only_when_the_store_is_busy(
-    tmp_path: Path, tenant: str, busy: bool
+async def test_group_commit_takes_the_thread_only_when_it_must(
+    tmp_path: Path, tenant: str, busy: bool, n: int, threaded: int
 ) -> None:
     from headway.activities.store import _GroupCommit
 
@@ -571,17 +572,17 @@ async def test_group_commit_takes_the_thread_only_when_the_store_is_busy(
     try:
         assert put(s, tenant, 0)
         gc = _GroupCommit(s)
+        assert gc.INLINE_MAX == 8  # the table's batch sizes stand on either side of it
         assert s._lock is not None
         if busy:
             # Held by "another thread" until the commit has gone to a thread to wait.
             s._lock.acquire()
             asyncio.get_running_loop().call_later(0.05, s._lock.release)
-        results = await asyncio.gather(
-            gc.submit("put", _puts(tenant, 1)[0][1]), gc.submit("put", _puts(tenant, 2)[0][1])
-        )
-        assert list(results) == [Nudge.NONE, Nudge.NONE]
-        assert gc.threaded == (1 if busy else 0)
-        assert s.pending_count(tenant) == 3
+        ops = _puts(tenant, *range(1, n + 1))
+        results = await asyncio.gather(*(gc.submit(kind, args) for kind, args in ops))
+        assert list(results) == [Nudge.NONE] * n  # one batch: the flag was set by a0
+        assert gc.threaded == threaded
+        assert s.pending_count(tenant) == n + 1
     finally:
         s.close()
 
