@@ -1982,6 +1982,7 @@ class Scheduler:
                     break
             self._hsig_cache[vk] = got
         flips: _HeldFlips | None = None
+        to_flip: list[_Eval] | None = []
         if not got:
             # Some demand found room since (a completion under the held fleet): its
             # fits' answer is HeldForGang now, if nothing but their reason moves.
@@ -1993,7 +1994,10 @@ class Scheduler:
                     self._held_flips(sel, hsig, evals, changed),
                 )
             flips = fhit[1]
-            if flips is None or not self._held_flips_apply(q, flips[1], changed):
+            if flips is None:
+                return None
+            to_flip = self._held_flips_apply(q, flips[1], changed)
+            if to_flip is None:
                 return None
         rec = q.resv_rec
         # A reserving head whose demand found room reserves no more: the reservation
@@ -2035,7 +2039,8 @@ class Scheduler:
                 ok = self._resv_move(q, rec, moved, changed)
         hist = rn is not None and rn[7]
         if ok and flips is not None:
-            got_h = self._held_flip(q, flips, head_went, now, horizon, hz)
+            assert to_flip is not None
+            got_h = self._held_flip(q, flips, head_went, to_flip, now, horizon, hz)
             if got_h is None:
                 ok = False
             else:
@@ -2109,9 +2114,10 @@ class Scheduler:
 
     def _held_flips_apply(
         self, q: _Queue, found: dict[int, str], changed: set[str] | frozenset[str]
-    ) -> bool:
-        """May ``_held_flip`` give ``q``'s fits of the demands in ``found`` their new
-        reason? Exactly where ``_evals_still`` would change it in place (see
+    ) -> list[_Eval] | None:
+        """The fits of ``q`` that ``_held_flip`` gives their new reason (those of the
+        demands in ``found``, in order: found once, for both), or None if it may not.
+        It may exactly where ``_evals_still`` would change them in place (see
         ``_flip``): the classes grouped as a visit now would group them; a strict
         queue's fits (its head's only loses its holds); a greedy queue's; a reserving
         queue's past its head, or its head's own when the head reserved plainly (it
@@ -2119,45 +2125,48 @@ class Scheduler:
         one the records will take as changed (``q.stale``), as they would have had
         the full check set it."""
         if not self._classes_as_now(q):
-            return False
+            return None
         algo = q.spec.algorithm
         rec = q.resv_rec
         head: str | None = None
         if algo is Algorithm.strict or algo is Algorithm.greedy:
             if rec is not None:
-                return False
+                return None
         else:
             if rec is None or rec.held or not q.last_resv:
-                return False
+                return None
             if rec.dkey in found:
                 if q.last_holds or len(q.last_resv) != 1:
-                    return False
+                    return None
             else:
                 head = q.blocked_head
         prev = q.stale
+        out = []
         for e in q.evals:
             w = found.get(e.dkey)
             if w is None:
                 continue
             if w not in changed and (prev is None or w not in prev):
-                return False
+                return None
             if head is not None:
                 for a in e.acts:
                     if a.id == head:
-                        return False
-        return True
+                        return None
+            out.append(e)
+        return out
 
     def _held_flip(
         self,
         q: _Queue,
         flips: _HeldFlips,
         head_went: bool,
+        to_flip: list[_Eval],
         now: float,
         horizon: float,
         hz: dict[str, float],
     ) -> tuple[float, bool] | None:
-        """Give ``q``'s fits of the demands that found room the answer HeldForGang
-        (``_held_flips_apply`` said it may), as ``_still``'s full check would: a
+        """Give ``q``'s fits of the demands that found room (``to_flip``, from
+        ``_held_flips_apply``) the answer HeldForGang, as ``_still``'s full check would: a
         strict head's holds go; a reserving head that went reserves anew.
 
         Returns the queue's clock horizon and whether the task history was read, or
@@ -2166,17 +2175,12 @@ class Scheduler:
         """
         new_hsig, found = flips
         strict = q.spec.algorithm is Algorithm.strict
-        changed_evals: list[_Eval] = []
         unhold = False
-        for e in q.evals:
-            w = found.get(e.dkey)
-            if w is None:
-                continue
+        for e in to_flip:
             e.reason = Reason.HeldForGang
             # (A cluster the next full check takes as changed: see ``_held_flips_apply``.)
-            e.first = w
+            e.first = found[e.dkey]
             e.fkey = None
-            changed_evals.append(e)
             if strict and not e.blocked:
                 unhold = True
         read_hist = False
@@ -2191,7 +2195,7 @@ class Scheduler:
             if not ok:
                 q.hsig = None
                 return None
-        for e in changed_evals:
+        for e in to_flip:
             self._flip(q, e)
         if unhold:
             q.last_holds = ()
@@ -2680,27 +2684,35 @@ class Scheduler:
         r = e.reason
         # A strict queue's head blocks it: its answer went to it alone.
         head = not e.blocked and q.spec.algorithm is Algorithm.strict
+        runs_ok = q.runs_ok
         for a in e.acts:
             c = a.cls
             assert c is not None
             m = c.m
+            if runs_ok and not head and m[0] is a and len(m) > 1:
+                # The common shape (a fit made by its class's first member, the whole
+                # class taking its answer) without the search and bounds below.
+                rs = c.reasons
+                if len(rs) == 1:
+                    # ``settle_all`` of a class of one run, inlined: a flip under a
+                    # held fleet gives a new reason to thousands of such classes.
+                    pd = c.pend
+                    if rs[0] != r:
+                        rs[0] = r
+                        p = pd[0]
+                        if r not in p:
+                            got = _NOTED.get((p, r))
+                            pd[0] = _noted(p, r) if got is None else got
+                    c.lazy = bool(pd[0])
+                else:
+                    c.settle_all(r)
+                continue
             # Most fits were made by their class's first member: no search then.
             i = 0 if m[0] is a else bisect_left(m, a.pos, key=_POS)
             j = i + 1 if head else len(m)
-            if q.runs_ok:
+            if runs_ok:
                 if i == 0 and j == len(m) and j > 1:
-                    rs = c.reasons
-                    if len(rs) == 1:
-                        # ``settle_all`` of a class of one run, inlined: a flip under a
-                        # held fleet gives a new reason to thousands of such classes.
-                        pd = c.pend
-                        if rs[0] != r:
-                            rs[0] = r
-                            if r not in pd[0]:
-                                pd[0] = _noted(pd[0], r)
-                        c.lazy = bool(pd[0])
-                    else:
-                        c.settle_all(r)
+                    c.settle_all(r)
                 else:
                     c.settle(i, j, r)
             else:
