@@ -20,12 +20,10 @@ and both-GPU-nodes demands, none of which has room at first.
 from __future__ import annotations
 
 import copy
-import itertools
 from typing import Any
 
 import pytest
 from headway.scheduler import (
-    ActionSpec,
     Algorithm,
     ClusterSpec,
     NodeGroup,
@@ -36,6 +34,8 @@ from headway.scheduler import (
 from headway.scheduler.core import Admitted
 from headway.scheduler.model import replicas_demand
 from headway.scheduler.resources import Pod
+
+from .helpers import apply_op, submitter
 
 GI = 2**30
 CPU_NODE = Pod(cpu=16_000, memory=64 * GI)
@@ -81,12 +81,7 @@ def _build(incremental: bool) -> Scheduler:
         ),
     ]
     s = Scheduler(clusters, queues, incremental=incremental)
-    seq = itertools.count(1)
-
-    def add(queue: str, aid: str, pods: tuple[Pod, ...], est: float) -> None:
-        a = ActionSpec(aid, queue, pods, submit=0.0, seq=next(seq), estimate=est)
-        assert s.submit(a, 0.0) is None
-
+    add = submitter(s)
     for i in range(N_CLUSTERS):
         # GPU nodes first, so that each action lands on a node of its own shape.
         for j in range(2):
@@ -137,15 +132,7 @@ def _adm(adm: list[Admitted]) -> list[Any]:
 
 
 def _apply(s: Scheduler, op: Op, seq: int) -> float:
-    t: float = op[-1]
-    if op[0] == "finish":
-        s.finish(op[1], t)
-    elif op[0] == "cancel":
-        assert s.cancel(op[1], t)
-    else:
-        a = ActionSpec(op[2], op[1], op[3], submit=t, seq=seq, estimate=60.0)
-        assert s.submit(a, t) is None
-    return t
+    return apply_op(s, op, seq, estimate=60.0)
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
