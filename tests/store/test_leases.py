@@ -311,16 +311,49 @@ def test_group_commit_flips_each_channel_once_per_queue_and_tenant(
     assert store.flag(other, queue_channel("q"))  # another tenant's flag is its own
 
 
-def test_in_process_admission_is_durable_until_the_end(store: LeaseStore, tenant: str) -> None:
+def test_in_process_admission_is_durable_until_its_end_is_collected(
+    store: LeaseStore, tenant: str
+) -> None:
     put(store, tenant, 1)
+    put(store, tenant, 2)
     store.sync(tenant, "s1", {"q": 10})
     adm = {"action_id": "a1", "cluster": "c1", "node_hints": [], "decided_at": 1.0, "reasons": []}
-    store.record_admissions(tenant, {"a1": adm})
+    adm2 = {**adm, "action_id": "a2"}
+    store.record_admissions(tenant, {"a1": adm, "a2": adm2})
     store.record_admissions(tenant, {"a1": adm})  # a retried dispatch
     assert store.admission(tenant, "a1") == adm
-    assert store.admission(tenant, "a2") is None
-    store.finish_lease(tenant, "a1", "finished")
+    assert store.admission(tenant, "a3") is None
+    assert store.finish_lease(tenant, "a1", "finished") == Nudge.SOON
+    # The end is recorded; the row goes with the lease once the scheduler has the end.
+    assert store.admission(tenant, "a1") == adm
+    assert store.sync(tenant, "s2", {"q": 10}).done == [["a1", "finished"]]
+    assert store.sync(tenant, "s2", {"q": 10}).done == [["a1", "finished"]]  # a retry
+    assert store.admission(tenant, "a1") == adm
+    store.sync(tenant, "s3", {"q": 10})
     assert store.admission(tenant, "a1") is None
+    assert store.lease_count(tenant) == 1
+    assert store.admission(tenant, "a2") == adm2  # still running: kept
+
+
+@pytest.mark.parametrize(
+    "claimed",
+    [
+        pytest.param(False, id="pending lease deleted"),
+        pytest.param(True, id="claimed lease marked"),
+    ],
+)
+def test_a_repeated_finish_changes_nothing(store: LeaseStore, tenant: str, claimed: bool) -> None:
+    put(store, tenant, 1)
+    if claimed:
+        store.sync(tenant, "s1", {"q": 10})
+    first = store.finish_lease(tenant, "a1", "cancelled")
+    assert first == (Nudge.SOON if claimed else Nudge.NONE)
+    # A retried finish: nudges again while the end is unclaimed (its nudge may be lost).
+    assert store.finish_lease(tenant, "a1", "finished") == first
+    assert store.lease_count(tenant) == int(claimed)
+    done = store.sync(tenant, "s2", {"q": 10}).done
+    assert done == ([["a1", "cancelled"]] if claimed else [])
+    assert store.finish_lease(tenant, "a1", "finished") == Nudge.NONE  # collected: silent
 
 
 def test_an_index_added_since_a_database_was_made_is_created_on_open(tmp_path: Path) -> None:
@@ -598,5 +631,71 @@ def test_apply_nowait_replaces_its_connection_when_it_is_lost(tmp_path: Path, te
         assert s.apply_nowait(_puts(tenant, 2)) == [Nudge.NONE]
         assert s._nowait is not fast
         assert s.pending_count(tenant) == 3
+    finally:
+        s.close()
+
+
+def test_checkpoints_run_on_the_thread_path_not_on_the_loop(tmp_path: Path, tenant: str) -> None:
+    path = tmp_path / "wal.db"
+    s = LeaseStore(f"sqlite:///{path}")
+    probe = sqlite3.connect(path, isolation_level=None)
+
+    def wal_frames() -> int:
+        """Frames in the WAL not yet copied to the database (checkpoints them, so the
+        next writer starts the WAL afresh)."""
+        busy, log, _done = probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        assert busy == 0
+        return int(log)
+
+    try:
+        assert put(s, tenant, 0)
+        wal_frames()
+        # Well past SQLite's 1,000-page default: commits on the loop never checkpoint.
+        for i in range(1, 301):
+            assert s.apply_nowait(_puts(tenant, i)) == [Nudge.NONE]
+        assert wal_frames() > 1_000
+        for i in range(301, 601):
+            assert s.apply_nowait(_puts(tenant, i)) == [Nudge.NONE]
+        s.sync(tenant, "s1", {"q": 1})  # the thread's connection checkpoints after it
+        assert s.apply_nowait(_puts(tenant, 601)) == [Nudge.NONE]
+        assert wal_frames() < 100
+        assert s.pending_count(tenant) == 601
+    finally:
+        probe.close()
+        s.close()
+
+
+@pytest.mark.parametrize(
+    "inline", [pytest.param(False, id="apply"), pytest.param(True, id="nowait")]
+)
+def test_sqlite_hot_path_runs_every_statement_on_the_dbapi_cursor(
+    tmp_path: Path, tenant: str, inline: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.engine import Connection
+
+    s = LeaseStore(f"sqlite:///{tmp_path / 'hot.db'}")
+    try:
+        assert put(s, tenant, 0)
+        s.sync(tenant, "s1", {"q": 10})
+
+        def through_sqlalchemy(*_: object, **__: object) -> None:
+            raise AssertionError("a hot-path statement went through Connection.execute")
+
+        monkeypatch.setattr(Connection, "execute", through_sqlalchemy)
+        ops: list[tuple[str, tuple[object, ...]]] = [
+            *_puts(tenant, 1),
+            *_puts(tenant, 1),  # a retried put: nudges again
+            ("finish", (tenant, "a0", "finished")),  # claimed: marked
+            ("finish", (tenant, "a0", "finished")),  # a retry, still unclaimed: again
+            ("finish", (tenant, "a1", "cancelled")),  # pending: deleted
+            *_puts(tenant, 2),
+            ("finish", (tenant, "a2", "rejected")),
+        ]
+        N, NOW, SOON = Nudge.NONE, Nudge.NOW, Nudge.SOON
+        got = s.apply_nowait(ops) if inline else s.apply(ops)
+        assert got == [NOW, NOW, SOON, SOON, N, N, N]
+        monkeypatch.undo()
+        assert s.lease_count(tenant) == 1 and s.pending_count(tenant) == 0
+        assert s.sync(tenant, "s2", {"q": 10}).done == [["a0", "finished"]]
     finally:
         s.close()
