@@ -46,6 +46,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -363,26 +364,31 @@ class _DBAPIRows:
 class _DBAPIConn:
     """``Connection.execute`` for the hot path's statements, on the DBAPI connection.
 
-    SQLite only, inside a transaction the ``Connection`` began. The SQL is SQLAlchemy's,
-    compiled once per statement by the SQLite dialect (``_Prepared.dbapi_sql``); only
-    the execution skips SQLAlchemy's per-call work (execution context, events, result
-    wrapping), which cost twice the statements themselves: a put + finish took 0.88 ms
-    of CPU through ``Connection.execute`` and 0.40 ms through the cursor (micro-bench on
-    a file database, same statements). Any other statement goes through the
-    ``Connection`` as usual.
+    SQLite only. The SQL is SQLAlchemy's, compiled once per statement by the SQLite
+    dialect (``_Prepared.dbapi_sql``); only the execution skips SQLAlchemy's per-call
+    work (execution context, events, result wrapping), which cost twice the statements
+    themselves: a put + finish took 0.88 ms of CPU through ``Connection.execute`` and
+    0.40 ms through the cursor (micro-bench on a file database, same statements). Any
+    other statement goes through ``fallback``, the ``Connection`` whose transaction this
+    runs in (None: the caller runs the transaction on the DBAPI connection itself, and
+    every statement must be a prepared one).
     """
 
-    __slots__ = ("_conn", "_raw", "_sql")
+    __slots__ = ("_fallback", "_raw", "_sql")
 
-    def __init__(self, conn: Connection, sql: Mapping[int, tuple[str, dict[str, Any]]]) -> None:
-        self._conn = conn
-        self._raw: Any = conn.connection.dbapi_connection
+    def __init__(
+        self, raw: Any, sql: Mapping[int, tuple[str, dict[str, Any]]], fallback: Connection | None
+    ) -> None:
+        self._raw = raw
         self._sql = sql
+        self._fallback = fallback
 
     def execute(self, stmt: Any, params: Mapping[str, Any] | None = None) -> Any:
         found = self._sql.get(id(stmt))
         if found is None:
-            return self._conn.execute(stmt, params)
+            if self._fallback is None:
+                raise LookupError(f"not prepared for the DBAPI connection: {stmt}")
+            return self._fallback.execute(stmt, params)
         text_, fixed = found
         args = {**fixed, **params} if fixed and params else params or fixed
         return _DBAPIRows(self._raw.execute(text_, args))
@@ -466,7 +472,8 @@ class LeaseStore:
     def _hot(self, conn: Connection) -> Connection | _DBAPIConn:
         """Where the hot path's statements run in ``conn``'s transaction (see
         ``_DBAPIConn``): on SQLite the DBAPI connection, elsewhere ``conn`` itself."""
-        return _DBAPIConn(conn, self._prep.dbapi_sql) if self._prep.dbapi_sql else conn
+        sql = self._prep.dbapi_sql
+        return _DBAPIConn(conn.connection.dbapi_connection, sql, conn) if sql else conn
 
     # --- submitters ---------------------------------------------------------------
 
@@ -562,24 +569,35 @@ class LeaseStore:
                 dbapi: Any = fast.connection.dbapi_connection
                 dbapi.execute("PRAGMA busy_timeout = 0")
                 dbapi.execute(f"PRAGMA wal_autocheckpoint = {NOWAIT_CHECKPOINT_PAGES}")
+            # The transaction too runs on the DBAPI connection, which only this method
+            # uses: SQLAlchemy's begin (its event, then BEGIN IMMEDIATE through
+            # exec_driver_sql) and commit were half of this call's CPU (py-spy, e2e loop).
+            raw: Any = fast.connection.dbapi_connection
             try:
-                tx = fast.begin()  # BEGIN IMMEDIATE (see _make_engine)
-            except DBAPIError as err:
-                if not _is_busy(err):
+                raw.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as err:
+                if "database is locked" not in str(err):
                     raise
-                if fast.in_transaction():
-                    fast.rollback()
                 return None
-            with tx:
-                return self._apply_in(fast, ops)
+            try:
+                out = self._apply_in(_DBAPIConn(raw, self._prep.dbapi_sql, None), ops)
+                raw.execute("COMMIT")
+            except BaseException:
+                if raw.in_transaction:
+                    raw.execute("ROLLBACK")
+                raise
+            return out
         finally:
             lock.release()
 
     def _apply_in(
-        self, conn: Connection, ops: Sequence[tuple[str, tuple[Any, ...]]]
+        self, conn: Connection | _DBAPIConn, ops: Sequence[tuple[str, tuple[Any, ...]]]
     ) -> list[Nudge]:
-        self._lock_flags(conn, ops)
-        hot = self._hot(conn)
+        if isinstance(conn, Connection):
+            self._lock_flags(conn, ops)
+            hot = self._hot(conn)
+        else:
+            hot = conn  # SQLite (no flag locks to take)
         # One flag write per channel per batch: after the first op of a channel has
         # flipped (or found set) its flag, it stays set until this commit, so the later
         # ops' flips would all answer "already set" anyway.
@@ -970,11 +988,6 @@ def _check_ops(ops: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
             _check_kind(args[2])
         elif kind != "put":
             raise ValueError(f"op: {kind!r} is not put or finish")
-
-
-def _is_busy(err: DBAPIError) -> bool:
-    """SQLite's "database is locked" (SQLITE_BUSY): another connection holds the write lock."""
-    return "database is locked" in str(err.orig)
 
 
 def _check_kind(kind: str) -> None:
