@@ -179,8 +179,11 @@ class _Action:
     @property
     def last(self) -> str | None:
         c = self.cls
-        if c is not None and c.lazy:
-            c.sync(self)
+        if c is not None:
+            if c.q.due:
+                _apply_due(c.q)
+            if c.lazy:
+                c.sync(self)
         return self._last
 
     @last.setter
@@ -190,8 +193,11 @@ class _Action:
     @property
     def reasons(self) -> list[str]:
         c = self.cls
-        if c is not None and c.lazy:
-            c.sync(self)
+        if c is not None:
+            if c.q.due:
+                _apply_due(c.q)
+            if c.lazy:
+                c.sync(self)
         return self._reasons
 
     @reasons.setter
@@ -226,6 +232,7 @@ class _Queue:
         "cap_pos",
         "cls",
         "cls_mode",
+        "due",
         "epoch",
         "evals",
         "fragile",
@@ -317,6 +324,13 @@ class _Queue:
         self.next_pos = 0
         # False once a visit recorded reasons without keeping the classes' runs.
         self.runs_ok = True
+        # Reasons changed in place under a held fleet (``Scheduler._held_flip``) not
+        # yet given to the classes' members: per flip, oldest first, three items (not
+        # a tuple each: fewer young objects): the fit, its new reason, and whether it
+        # went to the fit's own action alone. They are given (``_apply_due``) before
+        # anything reads or changes the classes: a member's fields, a visit, an action
+        # joining or leaving a class, a flip made at once.
+        self.due: list[Any] = []
 
 
 class _Class:
@@ -335,10 +349,13 @@ class _Class:
     (``flush``). ``lazy``: whether any run has notes pending.
     """
 
-    __slots__ = ("ck", "ck_est", "lazy", "m", "pend", "pk", "reasons", "run", "starts")
+    __slots__ = ("ck", "ck_est", "lazy", "m", "pend", "pk", "q", "reasons", "run", "starts")
 
-    def __init__(self, pk: Any, a: _Action) -> None:
+    def __init__(self, pk: Any, a: _Action, q: _Queue) -> None:
         self.pk = pk
+        # Its queue, whose changes not yet given (``_Queue.due``) a read of a member
+        # gives first.
+        self.q = q
         self.ck = a.ck
         self.ck_est = a.ck_est
         self.run = a.run
@@ -475,6 +492,9 @@ class _Class:
             self.lazy = any(self.pend)
 
 
+# At most this many flips wait on a queue (``_Queue.due``).
+_DUE_MAX = 64
+
 # Runs' pending notes, one tuple per value: the values are few, and a class keeps its
 # runs' notes from pass to pass (the collector need not walk a new tuple for each).
 _NOTED: dict[tuple[tuple[str, ...], str], tuple[str, ...]] = {}
@@ -489,6 +509,56 @@ def _noted(p: tuple[str, ...], r: str) -> tuple[str, ...]:
             _NOTED.clear()  # only shares equal tuples: never let it grow unbounded
         got = _NOTED[k] = (*p, r)
     return got
+
+
+def _flip_as(q: _Queue, e: _Eval, r: str, head: bool) -> None:
+    """``Scheduler._flip`` with the fit's new reason ``r`` and whether it went to the
+    fit's own action alone (``head``) as they were when the flip was made (it may be
+    given later: see ``_Queue.due``)."""
+    runs_ok = q.runs_ok
+    for a in e.acts:
+        c = a.cls
+        assert c is not None
+        m = c.m
+        if runs_ok and not head and m[0] is a and len(m) > 1:
+            # The common shape (a fit made by its class's first member, the whole
+            # class taking its answer) without the search and bounds below.
+            rs = c.reasons
+            if len(rs) == 1:
+                # ``settle_all`` of a class of one run, inlined: a flip under a
+                # held fleet gives a new reason to thousands of such classes.
+                pd = c.pend
+                if rs[0] != r:
+                    rs[0] = r
+                    p = pd[0]
+                    if r not in p:
+                        got = _NOTED.get((p, r))
+                        pd[0] = _noted(p, r) if got is None else got
+                c.lazy = bool(pd[0])
+            else:
+                c.settle_all(r)
+            continue
+        # Most fits were made by their class's first member: no search then.
+        i = 0 if m[0] is a else bisect_left(m, a.pos, key=_POS)
+        j = i + 1 if head else len(m)
+        if runs_ok:
+            if i == 0 and j == len(m) and j > 1:
+                c.settle_all(r)
+            else:
+                c.settle(i, j, r)
+        else:
+            # The runs are recounted before the next walk (see ``_visit``).
+            for x in c.m[i:j]:
+                x.note(r)
+
+
+def _apply_due(q: _Queue) -> None:
+    """Give the members of ``q``'s classes the flips made but not yet given, in order."""
+    due = q.due
+    for k in range(0, len(due), 3):
+        _flip_as(q, due[k], due[k + 1], due[k + 2])
+    # (The list is kept: a new one each time would be one more young object.)
+    del due[:]
 
 
 def _merge_runs(
@@ -1577,6 +1647,8 @@ class Scheduler:
         construction).
         """
         self.tail_visits += 1
+        if q.due:
+            _apply_due(q)  # before the records are extended (a fit's actions may grow)
         v = _Visit(q, self._eligible(q))
         if q.blocked_head is not None:
             # Only a strict queue's block or a reserving queue's reservation names it.
@@ -2195,8 +2267,16 @@ class Scheduler:
             if not ok:
                 q.hsig = None
                 return None
+        # The records (``e.reason``) change now; their members' reasons when next read
+        # or changed (``_Queue.due``): a completion that gives a demand room under a
+        # held fleet changes hundreds of classes in a hundred queues, most of which
+        # nothing reads before their reasons change again. (Kept short: a queue left
+        # alone long enough gives them at once.)
+        due = q.due
         for e in to_flip:
-            self._flip(q, e)
+            due += (e, e.reason, strict and not e.blocked)
+        if len(due) > 3 * _DUE_MAX:
+            _apply_due(q)
         if unhold:
             q.last_holds = ()
         q.hsig = new_hsig
@@ -2681,44 +2761,10 @@ class Scheduler:
         (``_memo_loop``), so an answer may have gone to members of other classes
         (which keep their estimate) too.
         """
-        r = e.reason
+        if q.due:
+            _apply_due(q)  # in the order they were made
         # A strict queue's head blocks it: its answer went to it alone.
-        head = not e.blocked and q.spec.algorithm is Algorithm.strict
-        runs_ok = q.runs_ok
-        for a in e.acts:
-            c = a.cls
-            assert c is not None
-            m = c.m
-            if runs_ok and not head and m[0] is a and len(m) > 1:
-                # The common shape (a fit made by its class's first member, the whole
-                # class taking its answer) without the search and bounds below.
-                rs = c.reasons
-                if len(rs) == 1:
-                    # ``settle_all`` of a class of one run, inlined: a flip under a
-                    # held fleet gives a new reason to thousands of such classes.
-                    pd = c.pend
-                    if rs[0] != r:
-                        rs[0] = r
-                        p = pd[0]
-                        if r not in p:
-                            got = _NOTED.get((p, r))
-                            pd[0] = _noted(p, r) if got is None else got
-                    c.lazy = bool(pd[0])
-                else:
-                    c.settle_all(r)
-                continue
-            # Most fits were made by their class's first member: no search then.
-            i = 0 if m[0] is a else bisect_left(m, a.pos, key=_POS)
-            j = i + 1 if head else len(m)
-            if runs_ok:
-                if i == 0 and j == len(m) and j > 1:
-                    c.settle_all(r)
-                else:
-                    c.settle(i, j, r)
-            else:
-                # The runs are recounted before the next walk (see ``_visit``).
-                for x in c.m[i:j]:
-                    x.note(r)
+        _flip_as(q, e, e.reason, not e.blocked and q.spec.algorithm is Algorithm.strict)
 
     def _view(self, name: str, own_hold: bool = False, own_resv: int = 0) -> tuple[Any, ...]:
         """What a fit reads of the holds and reservations on cluster ``name``: whether
@@ -3069,6 +3115,8 @@ class Scheduler:
 
     def _visit(self, q: _Queue, now: float, out: list[Admitted]) -> int:
         """Phases 3-5 for one queue: gates, fit, admit or record why not."""
+        if q.due:
+            _apply_due(q)  # before the walk reads the classes and extends the records
         v = _Visit(q, self._eligible(q))
         spec = q.spec
         q.blocked_head = None
@@ -3344,21 +3392,27 @@ class Scheduler:
         q.next_pos = len(q.waiting)
 
     def _enlist(self, q: _Queue, a: _Action, mode: tuple[bool, bool]) -> None:
+        if q.due:
+            _apply_due(q)  # a flip reaches the members it found, not one that came later
         base = a.ck_est if mode[0] else a.ck
         pk = (base, a.run) if mode[1] else base
         c = q.cls.get(pk)
         if c is None:
-            c = q.cls[pk] = _Class(pk, a)
+            c = q.cls[pk] = _Class(pk, a, q)
         c.append(a)
         a.cls = c
 
     def _flush(self, q: _Queue) -> None:
         """Bring the fields of every waiting action of ``q`` up to date (see _Class)."""
+        if q.due:
+            _apply_due(q)
         for c in q.cls.values():
             if c.lazy:
                 c.flush()
 
     def _unlist(self, q: _Queue, a: _Action) -> None:
+        if q.due:
+            _apply_due(q)
         c = a.cls
         assert c is not None
         c.remove(bisect_left(c.m, a.pos, key=_POS))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from headway.scheduler import ActionSpec, core
+from headway.scheduler import ActionSpec, QueueSpec, core
 from headway.scheduler.core import _Class
 
 from .helpers import apply_op
@@ -62,7 +62,7 @@ def _class(runs: list[Run]) -> _Class:
             a._last = reason
             a._reasons = ["Earlier"] if reason is None else ["Earlier", reason]
             if c is None:
-                c = _Class(None, a)
+                c = _Class(None, a, core._Queue(QueueSpec("q")))
             a.cls = c
             c.m.append(a)
     assert c is not None

@@ -187,3 +187,59 @@ def test_flips_under_a_held_fleet_decide_as_the_plain_loop() -> None:
         _apply(plain, op, 1000 + i)
         assert _adm(inc.schedule(t)) == _adm(plain.schedule(t)), op
         assert _state(inc) == _state(plain), op
+
+
+def _due(s: Scheduler) -> int:
+    """How many flips wait on their queues, not yet given to the classes' members."""
+    return sum(len(q.due) // 3 for q in s.queues.values())
+
+
+@pytest.mark.parametrize("read_at", [None, 0, 1, 2, 4, 7])
+def test_flips_given_late_decide_as_the_plain_loop(read_at: int | None) -> None:
+    """A flip under a held fleet changes its fits at once and their classes' members
+    only when something next reads or changes them (``_Queue.due``): here nothing reads
+    the reasons between events (but once, after event ``read_at``), so flips wait across
+    completions, submits into their queues and a cancel, and are given late: every
+    member ends with the same reason, and the same reasons in the same order, as in the
+    plain loop, and a member that joined its class after a flip does not take it."""
+    inc, plain = _build(True), _build(False)
+    assert _adm(inc.schedule(0.0)) == _adm(plain.schedule(0.0))
+    waited = 0
+    for i, op in enumerate(OPS):
+        t = _apply(inc, op, 1000 + i)
+        _apply(plain, op, 1000 + i)
+        assert _adm(inc.schedule(t)) == _adm(plain.schedule(t)), op
+        waited = max(waited, _due(inc))
+        if i == read_at:
+            assert _state(inc) == _state(plain), op
+            assert _due(inc) == 0  # reading a member gives its queue's flips
+    assert waited > 0, "some flips waited for a read"
+    assert _state(inc) == _state(plain)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        ("cancel", "Q2.1", 2.0),  # the flipped fit's own action leaves its class
+        ("cancel", "Q3.6", 2.0),  # one that took its answer leaves
+        ("submit", "q0", "Y", SMALL, 2.0),  # one joins a class with a flip waiting
+        ("submit", "q1", "Y", HALF, 2.0),
+    ],
+)
+def test_a_class_changed_while_its_flips_wait(op: Op) -> None:
+    """Right after a flip (nothing read), an action leaves or joins a class whose
+    flips wait: they are given first, to the members they found."""
+    inc, plain = _build(True), _build(False)
+    for s in (inc, plain):
+        s.schedule(0.0)
+        _apply(s, OPS[0], 1000)
+    assert _adm(inc.schedule(1.0)) == _adm(plain.schedule(1.0))
+    q = inc.queues[op[1] if op[0] == "submit" else f"q{op[1][1]}"]
+    assert q.due, "a flip waits on the queue"
+    for s in (inc, plain):
+        _apply(s, op, 1001)
+    assert _adm(inc.schedule(2.0)) == _adm(plain.schedule(2.0))
+    _apply(inc, OPS[1], 1002)
+    _apply(plain, OPS[1], 1002)
+    assert _adm(inc.schedule(3.0)) == _adm(plain.schedule(3.0))
+    assert _state(inc) == _state(plain)
