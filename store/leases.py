@@ -574,17 +574,23 @@ class LeaseStore:
             # exec_driver_sql) and commit were half of this call's CPU (py-spy, e2e loop).
             raw: Any = fast.connection.dbapi_connection
             try:
-                raw.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as err:
-                if "database is locked" not in str(err):
+                try:
+                    raw.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as err:
+                    if "database is locked" not in str(err):
+                        raise
+                    return None
+                try:
+                    out = self._apply_in(_DBAPIConn(raw, self._prep.dbapi_sql, None), ops)
+                    raw.execute("COMMIT")
+                except BaseException:
+                    if raw.in_transaction:
+                        raw.execute("ROLLBACK")
                     raise
-                return None
-            try:
-                out = self._apply_in(_DBAPIConn(raw, self._prep.dbapi_sql, None), ops)
-                raw.execute("COMMIT")
-            except BaseException:
-                if raw.in_transaction:
-                    raw.execute("ROLLBACK")
+            except sqlite3.Error:
+                # SQLAlchemy's own check for a lost connection does not see these calls:
+                # the next call starts on a new connection rather than failing on this one.
+                fast.invalidate()
                 raise
             return out
         finally:

@@ -620,14 +620,30 @@ async def test_group_commit_takes_the_thread_only_when_it_must(
         s.close()
 
 
-def test_apply_nowait_replaces_its_connection_when_it_is_lost(tmp_path: Path, tenant: str) -> None:
+@pytest.mark.parametrize(
+    "how",
+    [
+        pytest.param("invalidated", id="invalidated-by-sqlalchemy"),
+        pytest.param("closed", id="dbapi-connection-failing-under-it"),
+    ],
+)
+def test_apply_nowait_replaces_its_connection_when_it_is_lost(
+    tmp_path: Path, tenant: str, how: str
+) -> None:
     s = LeaseStore(f"sqlite:///{tmp_path / 'lost.db'}")
     try:
         assert put(s, tenant, 0)
         assert s.apply_nowait(_puts(tenant, 1)) == [Nudge.NONE]
         fast = s._nowait
         assert fast is not None and fast is not s._conn
-        fast.invalidate()
+        if how == "invalidated":
+            fast.invalidate()
+        else:
+            # Every call on it fails now (as on an I/O error): the failing call says so,
+            # and only that one.
+            fast.connection.dbapi_connection.close()  # type: ignore[union-attr]
+            with pytest.raises(sqlite3.ProgrammingError):
+                s.apply_nowait(_puts(tenant, 2))
         assert s.apply_nowait(_puts(tenant, 2)) == [Nudge.NONE]
         assert s._nowait is not fast
         assert s.pending_count(tenant) == 3
