@@ -466,8 +466,15 @@ class LeaseStore:
                 if kept is not None:
                     kept.close()
                 kept = self._conn = self.engine.connect()
-            with kept.begin():
-                yield kept
+            try:
+                with kept.begin():
+                    yield kept
+            except sqlite3.Error:
+                # Raised by a statement on the DBAPI cursor (``_DBAPIConn``), which
+                # SQLAlchemy's disconnect check never saw: the next transaction starts
+                # on a new connection rather than failing on this one.
+                kept.invalidate()
+                raise
 
     def _hot(self, conn: Connection) -> Connection | _DBAPIConn:
         """Where the hot path's statements run in ``conn``'s transaction (see

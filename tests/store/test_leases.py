@@ -715,3 +715,29 @@ def test_sqlite_hot_path_runs_every_statement_on_the_dbapi_cursor(
         assert s.sync(tenant, "s2", {"q": 10}).done == [["a0", "finished"]]
     finally:
         s.close()
+
+
+def test_the_kept_connection_is_replaced_after_a_dbapi_error(
+    tmp_path: Path, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from headway.store.leases import _DBAPIConn
+
+    s = LeaseStore(f"sqlite:///{tmp_path / 'kept-lost.db'}")
+    try:
+        assert put(s, tenant, 0)
+        kept = s._conn
+        assert kept is not None
+
+        def io_error(*_: object) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        with monkeypatch.context() as m:
+            # On the DBAPI cursor: SQLAlchemy's disconnect check never sees it.
+            m.setattr(_DBAPIConn, "execute", io_error)
+            with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+                s.apply(_puts(tenant, 1))
+        assert s.apply(_puts(tenant, 1)) == [Nudge.NONE]
+        assert s._conn is not kept
+        assert s.pending_count(tenant) == 2
+    finally:
+        s.close()
