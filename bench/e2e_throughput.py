@@ -27,7 +27,8 @@ and admission wait), one after it (the durable release), two search-attribute wr
 The SDK fast path (``headway.worker.sdk_fastpath``: no payload walks without a codec)
 is process-wide: every side runs with it, bare included (``sdk_fastpath`` in the JSON).
 So is the worker process's garbage-collector setting (``headway.worker.gc_tuning``:
-objects alive at startup frozen; ``gc_frozen``).
+objects alive at startup frozen, ``gc_frozen``; the young generation collected every
+7,000 net allocations, ``gc_young_threshold``).
 
 All sides run on one dev server this script starts, in 100 concurrent workflows each,
 after a warm-up round. In each round every side runs twice, N/2 each time, in mirrored
@@ -64,7 +65,7 @@ from headway.protocol import DemandRequest, SubmitRequest
 from headway.store import LeaseStore
 from headway.worker import sdk_fastpath
 from headway.worker.control_plane import WORKER_TUNING, build_control_plane_worker
-from headway.worker.gc_tuning import freeze_startup
+from headway.worker.gc_tuning import freeze_startup, set_young_threshold
 from headway.workflows import client as hw
 from temporalio.client import Client
 from temporalio.worker import PollerBehaviorAutoscaling, UnsandboxedWorkflowRunner, Worker
@@ -231,6 +232,7 @@ async def main() -> None:
             # As a worker process does once it is up (``headway.worker.gc_tuning``):
             # process-wide, so every side runs with it.
             frozen = freeze_startup()
+            young = set_young_threshold()
             await hw.upsert_queue(client, tenant, {"name": "bench"}, fleet)
             await bare_round(client, args.n // 2, "warm", BARE_ACTIVITY_QUEUE)
             await bare_round(client, args.n // 2, "warm-eager", None)
@@ -337,6 +339,7 @@ async def main() -> None:
                 "clusters": 1,
                 "sdk_fastpath": fastpath,
                 "gc_frozen": frozen,
+                "gc_young_threshold": young,
                 "scheduler": {k: stats[k] for k in ("passes", "syncs", "dispatches", "admitted")},
             }
         )

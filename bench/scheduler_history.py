@@ -38,7 +38,7 @@ from headway.scheduler import Scheduler
 from headway.scheduler.model import ActionSpec, QueueSpec
 from headway.store import LeaseStore
 from headway.worker.control_plane import build_control_plane_worker
-from headway.worker.gc_tuning import freeze_startup
+from headway.worker.gc_tuning import freeze_startup, set_young_threshold
 from headway.workflows import client as hw
 from headway.workflows.scheduler import WINDOW
 from temporalio.client import Client
@@ -206,6 +206,7 @@ async def main() -> None:
         ):
             # As a worker process does once it is up (``headway.worker.gc_tuning``).
             out_frozen = freeze_startup()
+            young = set_young_threshold()
             # History per action.
             tenant = "hist"
             await hw.upsert_queue(client, tenant, {"name": "q"}, fleet)
@@ -301,6 +302,7 @@ async def main() -> None:
             },
         },
         "gc_frozen": out_frozen,
+        "gc_young_threshold": young,
     }
     print(json.dumps(out))
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 from headway.activities.fairness import DEFAULT_CONTENDED_RATE
-from headway.worker.gc_tuning import freeze_startup
+from headway.worker.gc_tuning import freeze_startup, set_young_threshold
 
 from ._common import (
     DATABASE_URL_ENV,
@@ -34,6 +34,10 @@ async def _serve(cfg: Settings, body: Callable[[Client, asyncio.Event], Awaitabl
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:  # first: a bad HEADWAY_GC_YOUNG fails before connecting
+        set_young_threshold()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
     client = await connect_retrying(cfg, timeout_s=120.0)
     # Everything the worker imports is alive for good now: out of the collector's way.
     freeze_startup()

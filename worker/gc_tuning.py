@@ -13,6 +13,16 @@ it walking objects that can never be garbage.
 generation (:func:`gc.freeze`), which no collection walks again; the same collections
 then cost about 0.35 ms per action. Objects created later (workflow instances, caches)
 are collected as before. ``HEADWAY_GC_FREEZE=0`` turns it off.
+
+:func:`set_young_threshold` then collects the young generation every 7,000 net
+allocations instead of Python's 700. Such a worker allocates fast and keeps little: at
+700, the Headway-only e2e loop ran ~65 young collections per 100 actions, a middle one
+every 10 of those (14-20 ms each, as the middle generation fills with the survivors of
+busy workflow runs) and a full one per ~150 actions (~170 ms). At 7,000: ~2.5 young
+ones per 100 actions (10-20 ms each), the others rare. Measured with ``gc`` callbacks,
+two alternating pairs of runs, 3 x 300 actions each: collector time per action
+0.78-1.22 -> 0.29-0.75 ms, worker CPU per action 22.4-26.6 -> 20.1-23.3 ms.
+``HEADWAY_GC_YOUNG`` sets another threshold.
 """
 
 from __future__ import annotations
@@ -20,7 +30,10 @@ from __future__ import annotations
 import gc
 import os
 
-__all__ = ["freeze_startup"]
+__all__ = ["YOUNG_THRESHOLD", "freeze_startup", "set_young_threshold"]
+
+#: Net allocations between two collections of the young generation in a worker process.
+YOUNG_THRESHOLD = 7_000
 
 
 def freeze_startup() -> bool:
@@ -34,3 +47,28 @@ def freeze_startup() -> bool:
     gc.collect()
     gc.freeze()
     return True
+
+
+def set_young_threshold() -> int:
+    """Collect the young generation every ``YOUNG_THRESHOLD`` net allocations (or
+    ``HEADWAY_GC_YOUNG``); the older generations' thresholds stay as they are.
+
+    Returns:
+        The threshold now in force.
+
+    Raises:
+        ValueError: ``HEADWAY_GC_YOUNG`` is not a whole number >= 1 (0 would turn the
+            collector off, and cyclic garbage would never be freed).
+    """
+    raw = os.environ.get("HEADWAY_GC_YOUNG", "").strip()
+    n = YOUNG_THRESHOLD
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"HEADWAY_GC_YOUNG: {raw!r} is not a whole number >= 1")
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(n, middle, old)
+    return n
