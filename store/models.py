@@ -16,7 +16,8 @@ windows:
   million submissions into a handful of signals.
 * ``headway_admissions``: an admission handed to an action's workflow in-process (inside
   its first workflow task's local activity) instead of by signal. The row makes that
-  hand-over durable: a retried first task reads it back. Deleted with the lease's end.
+  hand-over durable: a retried first task reads it back. Deleted with the lease, once
+  the scheduler has collected the action's end.
 """
 
 from __future__ import annotations
