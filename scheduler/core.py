@@ -1098,7 +1098,12 @@ class Scheduler:
         """The clusters of ``q``'s selector (healthy ones only, unless told), in the
         selector's order. Callers must not change the list: the healthy ones are kept
         per selector until a hard change (health, the fleet), for every visit."""
-        sel = q.spec.clusters
+        return self._eligible_of(q.spec.clusters, healthy_only)
+
+    def _eligible_of(
+        self, sel: tuple[str, ...] | None, healthy_only: bool = True
+    ) -> list[ClusterState]:
+        """``_eligible`` for selector ``sel``."""
         if healthy_only:
             hit = self._eligibles.get(sel)
             if hit is not None and hit[0] == self._hard_at:
@@ -2293,8 +2298,9 @@ class Scheduler:
     ) -> tuple[Any, ...]:
         """``_held_still``'s reading of a reserving queue's record: (None,) if the head
         has room on a changed cluster (it would not reserve: ``_still``'s
-        ``head_went``); else ``_resv_now``'s (ok, moved), with the earliest horizon
-        and the horizons by cluster it read, and whether it read the task history."""
+        ``head_went``); else ``_resv_now``'s (ok, moved), or ``_scan``'s where that
+        cannot tell, with the earliest horizon and the horizons by cluster it read, and
+        whether it read the task history."""
         clusters = self.clusters
         for n in changed:
             c = clusters.get(n)
@@ -2306,6 +2312,18 @@ class Scheduler:
         self._vhist = False
         try:
             ok, moved = self._resv_now(rec, changed, now, sel)
+            if not ok and rec.where is not None and not rec.held and self.incremental:
+                # The reservation got worse where it was, and the second best is not
+                # known from the changed clusters alone: ``_reserve``'s walk finds it
+                # (kept per selector and demand, so the queues below a strict head
+                # whose holds moved share it). Under a held fleet no fit reads the
+                # reservation, so only where it goes matters, not who read it before.
+                # (Records are not made for heads of environments: ``fragile``.)
+                elig = self._eligible_of(sel)
+                if len(elig) > _SCAN_MIN:
+                    best, held = self._scan(sel, elig, rec.runs, rec.dkey, now, rec.easy)
+                    if best is not None and not held:
+                        ok, moved = True, (best[1], best[0], best[2])
             return (ok, moved, self._horizon, self._vhz, self._vhist)
         finally:
             self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz

@@ -1,0 +1,163 @@
+"""A held reserving queue whose reservation got worse where it was: found again by the walk.
+
+Under a fleet held by a strict head above, a reserving queue's check reads its head's
+reservation (``Scheduler._resv_answer``). When the cluster it reserved on takes more work
+(the fill queue above starts something there), the reservation gets later there, and the
+changed clusters alone do not tell where the next best is (``_resv_now`` says so). The
+check then asks ``_reserve``'s own walk (``_scan``, kept per selector and demand, so the
+queues below share it) instead of visiting every reserving queue in full: a strict head
+whose holds move would otherwise send each of them through a visit.
+
+Five to six clusters of two 16-CPU nodes, filled by ``fill`` (critical, greedy), held by
+``hold``'s whole-cluster strict head; below, medium queues cycling backfill, EASY, greedy,
+strict with node and half-node actions. Events: completions, and new fill work taking
+the freed nodes back. Each case runs the same events with and without the incremental
+path (``Scheduler(incremental=False)``) and compares every pass.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from headway.scheduler import (
+    ActionSpec,
+    Algorithm,
+    ClusterSpec,
+    NodeGroup,
+    Priority,
+    QueueSpec,
+    Scheduler,
+    core,
+)
+from headway.scheduler.resources import Pod
+
+GI = 2**30
+NODE = Pod(cpu=16_000, memory=64 * GI)
+HALF = Pod(cpu=8_000, memory=32 * GI)
+ALGOS = [Algorithm.backfill, Algorithm.easy, Algorithm.greedy, Algorithm.strict]
+
+
+def make_held_fleet(
+    incremental: bool, queues: int, clusters: int, seed: int
+) -> tuple[Scheduler, random.Random, int]:
+    """The fleet above, full and held; returns the scheduler, its event RNG and the
+    last sequence number used."""
+    rng = random.Random(seed)
+    specs = [
+        QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
+        QueueSpec("hold", priority=Priority.high, algorithm=Algorithm.strict),
+        *(
+            QueueSpec(f"q{i}", priority=Priority.medium, algorithm=ALGOS[i % 4])
+            for i in range(queues)
+        ),
+    ]
+    s = Scheduler(
+        [ClusterSpec(f"c{i}", (NodeGroup("n", 2, NODE),)) for i in range(clusters)],
+        specs,
+        incremental=incremental,
+    )
+    seq = 0
+
+    def add(aid: str, queue: str, pods: tuple[Pod, ...], est: float) -> None:
+        nonlocal seq
+        seq += 1
+        a = ActionSpec(aid, queue, pods, submit=0.0, seq=seq, estimate=est)
+        assert s.submit(a, 0.0) is None
+
+    for i in range(2 * clusters):
+        add(f"F{i}", "fill", (NODE,), float(rng.choice([5, 20, 60])))
+    add("H", "hold", (NODE, NODE), 50.0)
+    for i in range(queues):
+        for k in range(4):
+            add(f"Q{i}_{k}", f"q{i}", (rng.choice([NODE, HALF]),), float(rng.choice([10, 30])))
+    return s, rng, seq
+
+
+def run_events(incremental: bool, queues: int, clusters: int, seed: int) -> list[Any]:
+    """Thirty events (two completions, then new fill work, and so on); the log of
+    every pass's admissions and every action's state and reasons after it."""
+    s, rng, seq = make_held_fleet(incremental, queues, clusters, seed)
+    first = sorted(x.action_id for x in s.schedule(0.0))
+    running = list(first)
+    log: list[Any] = [first]
+    t = 0.0
+    for i in range(30):
+        t += rng.choice([1.0, 1.0, 4.0])
+        if i % 3 == 2 or not running:
+            seq += 1
+            est = float(rng.choice([5, 40]))
+            a = ActionSpec(f"N{i}", "fill", (NODE,), submit=t, seq=seq, estimate=est)
+            assert s.submit(a, t) is None
+        else:
+            s.finish(running.pop(rng.randrange(len(running))), t)
+        adm = s.schedule(t)
+        running += [x.action_id for x in adm]
+        log.append(sorted(x.action_id for x in adm))
+        log.append(
+            sorted((a.id, a.state, a.cluster, a.last, tuple(a.reasons)) for a in s.actions.values())
+        )
+    return log
+
+
+def count_rescans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the held checks whose reservation ``_resv_now`` could not tell and the
+    walk then found (the count is ``[0]``, kept live)."""
+    count = [0]
+    told = [True]
+    real_now = Scheduler._resv_now
+    real_answer = Scheduler._resv_answer
+
+    def spy_now(self: Scheduler, *args: Any) -> Any:
+        got = real_now(self, *args)
+        told[0] = told[0] and got[0]
+        return got
+
+    def spy_answer(self: Scheduler, *args: Any) -> Any:
+        told[0] = True
+        got = real_answer(self, *args)
+        count[0] += not told[0] and got[0] is True
+        return got
+
+    monkeypatch.setattr(Scheduler, "_resv_now", spy_now)
+    monkeypatch.setattr(Scheduler, "_resv_answer", spy_answer)
+    return count
+
+
+CASES = [
+    pytest.param(6, 5, 1, id="six-queues-below-five-held-clusters-fill-work-lands-on-reservations"),
+    pytest.param(6, 5, 2, id="the-same-fleet-other-estimates-reservations-move-many-times"),
+    pytest.param(6, 6, 3, id="six-clusters-more-places-for-the-walk-to-find"),
+]
+
+
+@pytest.mark.parametrize(("queues", "clusters", "seed"), CASES)
+def test_a_worse_reservation_is_found_again_as_the_plain_loop_finds_it(
+    monkeypatch: pytest.MonkeyPatch, queues: int, clusters: int, seed: int
+) -> None:
+    rescans = count_rescans(monkeypatch)
+    fast = run_events(True, queues, clusters, seed)
+    assert rescans[0] > 0  # the walk was what answered, not a visit
+    assert fast == run_events(False, queues, clusters, seed)
+
+
+def test_without_the_walk_the_same_checks_end_in_visits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same events with the walks off (``_SCAN_MIN`` past the fleet: reservations
+    made cluster by cluster, and no walk to fall back on) decide the same, with more
+    visits: the fallback saves visits and changes no answer."""
+    visits = [0]
+    real_visit = Scheduler._visit
+
+    def spy_visit(self: Scheduler, *args: Any) -> Any:
+        visits[0] += 1
+        return real_visit(self, *args)
+
+    monkeypatch.setattr(Scheduler, "_visit", spy_visit)
+    fast = run_events(True, 6, 5, 2)
+    with_walk = visits[0]
+    visits[0] = 0
+    monkeypatch.setattr(core, "_SCAN_MIN", 10**6)
+    again = run_events(True, 6, 5, 2)
+    assert again == fast
+    assert visits[0] > with_walk
