@@ -132,6 +132,7 @@ class _Action:
         "pods",
         "pos",
         "queue",
+        "rel",
         "run",
         "runs",
         "seq",
@@ -173,6 +174,8 @@ class _Action:
         # Its class in its queue's grouping, and its place in the queue (see _Class).
         self.cls: _Class | None = None
         self.pos = 0
+        # Its last entry in a cluster's releases (see ``Scheduler._releases``).
+        self.rel: tuple[float, int, Runs, list[int], Usage] | None = None
 
     # A reason given to a whole stretch of a class is recorded on the class (see
     # ``_Class.settle``), so the fields may lag behind: every read goes through these.
@@ -4198,7 +4201,13 @@ class Scheduler:
             if e is not None and now < e < nxt:
                 nxt = e
             if a.nodes:
-                releases.append((t, a.seq, a.runs, a.nodes, a.usage))
+                # The entry it had, while it stands: a cluster whose capacity moved
+                # lists the same releases again, mostly (fewer young objects for the
+                # collector to walk).
+                r = a.rel
+                if r is None or r[0] != t or r[3] is not a.nodes:
+                    r = a.rel = (t, a.seq, a.runs, a.nodes, a.usage)
+                releases.append(r)
         for inst in self.envs.values():
             if inst.cluster != c.name or not inst.nodes:
                 continue
