@@ -70,6 +70,8 @@ _LOG_MAX = 8192
 # Heads whose hold pairs ``Scheduler._hold`` keeps.
 _HOLD_PAIRS_MAX = 1024
 _NO_CHANGE: frozenset[str] = frozenset()
+# The clusters with room of a demand with none (shared: never changed in place).
+_NO_ROOM: list[Any] = []
 # Selectors of at most this many clusters are read cluster by cluster rather than
 # through the capacity log (``Scheduler._any_room``).
 _SEL_SMALL = 16
@@ -708,6 +710,25 @@ class _ResvRecord:
         self.held = held  # clusters held instead (their reservation cannot be computed)
 
 
+class _Cands:
+    """``Scheduler._cands``' entry for a (selector, demand): the clusters with room, in
+    placement order, and their names, as of capacity log position ``pos``. Brought up
+    to date in place (a completion moves dozens every pass: no new objects for the
+    collector to walk)."""
+
+    __slots__ = ("names", "order", "pos")
+
+    def __init__(self, pos: int, order: list[ClusterState], names: frozenset[str]) -> None:
+        self.pos = pos
+        self.order = order
+        self.names = names
+
+    def set(self, pos: int, order: list[ClusterState], names: frozenset[str]) -> None:
+        self.pos = pos
+        self.order = order
+        self.names = names
+
+
 class _Visit:
     """Scratch state of one queue's visit within a pass."""
 
@@ -866,7 +887,7 @@ class Scheduler:
         self._orders: dict[
             Any, tuple[int, list[ClusterState], list[tuple[Any, ...]], dict[str, tuple[Any, ...]]]
         ] = {}
-        self._cands: dict[tuple[Any, int], tuple[int, list[ClusterState], frozenset[str]]] = {}
+        self._cands: dict[tuple[Any, int], _Cands] = {}
         # Per (selector, demand): ``_unheld``'s answer for a ``_cands`` list, within a pass.
         self._unheld_cache: dict[
             tuple[Any, int], tuple[list[ClusterState], int, list[ClusterState]]
@@ -1958,17 +1979,17 @@ class Scheduler:
             return False
         hit = self._cands.get(nr_key)
         cap_end = self._cap_base + len(self._cap_log)
-        if hit is not None and hit[0] != cap_end:
+        if hit is not None and hit.pos != cap_end:
             # Only whether there is one: an unmoved cluster that had room still has it
             # (a change of health is a hard change), else a moved one must have it now.
             # (The list itself is brought up to date by the next walk that needs it.)
-            pos = hit[0]
+            pos = hit.pos
             if self._hard_at < pos:
                 # The common answer, told by when each cluster last moved: the moved
                 # set (a read of the log since ``pos``) is needed only if every
                 # cluster of the list moved.
                 touched = self._touched
-                for n in hit[2]:
+                for n in hit.names:
                     if touched.get(n, -1) < pos:
                         return True
                 if sel is not None and len(sel) <= _SEL_SMALL:
@@ -1981,15 +2002,15 @@ class Scheduler:
                             c = clusters.get(n)
                             if c is not None and c.healthy and self._room(c, dkey, runs):
                                 return True
-                    self._cands[nr_key] = (cap_end, [], _NO_CHANGE)  # as below
+                    hit.set(cap_end, _NO_ROOM, _NO_CHANGE)  # as below
                     return False
             # Lists made together stand at one log position: one answer for them.
             mk = (pos, cap_end)
             moved = self._moved_cache.get(mk, _UNKNOWN)
             if moved is _UNKNOWN:
-                moved = self._moved_cache[mk] = self._soft_since(hit[0], 64)
+                moved = self._moved_cache[mk] = self._soft_since(pos, 64)
             if moved is not None:
-                for n in hit[2]:
+                for n in hit.names:
                     if n not in moved:
                         return True
                 clusters = self.clusters
@@ -2005,9 +2026,9 @@ class Scheduler:
                 # looks only at what moves after this, not again at all that moved
                 # since the list was made (a demand with no room anywhere is asked
                 # after every completion, and the moved set only grows).
-                self._cands[nr_key] = (cap_end, [], _NO_CHANGE)
+                hit.set(cap_end, _NO_ROOM, _NO_CHANGE)
                 return False
-        return bool(self._cands_of(nr_key, runs, None)[1])
+        return bool(self._cands_of(nr_key, runs, None).order)
 
     def _selset(self, sel: tuple[str, ...]) -> frozenset[str]:
         """Selector ``sel``'s cluster names, as a set (kept)."""
@@ -3531,8 +3552,8 @@ class Scheduler:
             # an admission changes capacity): keep just those, once per pass, demand
             # and admission, so that walks need not ask each cluster again.
             hit = self._cands_of(nr_key, runs, v.elig)
-            order = hit[1]
-            names = hit[2]
+            order = hit.order
+            names = hit.names
             checked = True
         else:
             if v.order is None or v.order_ver != self._admissions:
@@ -3684,19 +3705,19 @@ class Scheduler:
 
     def _cands_of(
         self, nr_key: tuple[Any, int], runs: Runs, elig: list[ClusterState] | None
-    ) -> tuple[int, list[ClusterState], frozenset[str]]:
+    ) -> _Cands:
         """The clusters of selector ``nr_key[0]`` with room for demand ``nr_key[1]``, in
         placement order (and their names): the ``_cands`` entry, made or brought up to
         date. ``elig``: the selector's healthy clusters (None: found if needed)."""
         cap_end = self._cap_base + len(self._cap_log)
         hit = self._cands.get(nr_key)
-        if hit is None or hit[0] != cap_end:
+        if hit is None or hit.pos != cap_end:
             dkey = nr_key[1]
             base = self._base_order(nr_key[0], elig)
             moved = None
             if hit is not None and len(base) > _SCAN_MIN:
-                moved = self._soft_since(hit[0], len(base) // 4)
-                had = hit[2]
+                moved = self._soft_since(hit.pos, len(base) // 4)
+                had = hit.names
             if moved is None:
                 order = [c for c in base if self._room(c, dkey, runs)]
             else:
@@ -3706,7 +3727,17 @@ class Scheduler:
                     for c in base
                     if (self._room(c, dkey, runs) if c.name in moved else c.name in had)
                 ]
-            hit = self._cands[nr_key] = (cap_end, order, frozenset(c.name for c in order))
+            if not order:
+                order, names = _NO_ROOM, _NO_CHANGE
+            elif hit is not None and len(order) == len(hit.order) and hit.order == order:
+                # (Room where there was: the list and names as they are.)
+                order, names = hit.order, hit.names
+            else:
+                names = frozenset(c.name for c in order)
+            if hit is None:
+                hit = self._cands[nr_key] = _Cands(cap_end, order, names)
+            else:
+                hit.set(cap_end, order, names)
         return hit
 
     def _unheld(self, nr_key: tuple[Any, int], order: list[ClusterState]) -> list[ClusterState]:

@@ -229,12 +229,12 @@ def test_any_room_from_the_log_matches_the_list_made_afresh(
     # With completions, the answer came from the log: the list is left out of date
     # when some cluster has room, and brought up to date (empty) when none has.
     kept = s._cands[key]
-    assert (kept[0] == s._cap_base + len(s._cap_log)) == (not ends or not got)
+    assert (kept.pos == s._cap_base + len(s._cap_log)) == (not ends or not got)
     del s._cands[key]
     fresh = s._cands_of(key, runs, None)
-    assert got == bool(fresh[1])
+    assert got == bool(fresh.order)
     if ends and not got:
-        assert kept[1:] == fresh[1:] == ([], frozenset())
+        assert (kept.order, kept.names) == (fresh.order, fresh.names) == ([], frozenset())
 
 
 def test_any_room_a_cluster_that_moved_and_lost_its_room_does_not_vouch() -> None:
@@ -246,15 +246,15 @@ def test_any_room_a_cluster_that_moved_and_lost_its_room_does_not_vouch() -> Non
     runs = runs_of((NODE,))
     dkey = s._dkey((NODE,))
     key = (("c0", "c1", "c2", "c3", "c4"), dkey)  # asked by no queue: no walk remakes it
-    assert s._cands_of(key, runs, None)[1], "the freed node is room"
+    assert s._cands_of(key, runs, None).order, "the freed node is room"
     s.submit(ActionSpec("F10", "fill", (NODE,), submit=2.0, seq=999, estimate=5.0), 2.0)
     assert [x.action_id for x in s.schedule(2.0)] == ["F10"]
     s._noroom = set()
     s._moved_cache = {}
-    assert s._cands[key][0] != s._cap_base + len(s._cap_log)
+    assert s._cands[key].pos != s._cap_base + len(s._cap_log)
     assert s._any_room(key[0], dkey, runs) is False
     del s._cands[key]
-    assert not s._cands_of(key, runs, None)[1]
+    assert not s._cands_of(key, runs, None).order
 
 
 # --- records found at more than one capacity never take the held path -----------------

@@ -193,8 +193,8 @@ def test_no_room_anywhere_brings_the_list_up_to_date() -> None:
     for op in ends:
         _apply(s, op, 0)
         s.schedule(op[2])
-    assert s._cands[key][0] == s._cap_base + len(s._cap_log)
-    assert s._cands[key][1:] == ([], frozenset())
+    assert s._cands[key].pos == s._cap_base + len(s._cap_log)
+    assert (s._cands[key].order, s._cands[key].names) == ([], frozenset())
     for op in [("end", "c0", 3.0), ("end", "c0", 4.0)]:
         _apply(s, op, 0)
         s.schedule(op[2])
