@@ -2161,7 +2161,13 @@ class Scheduler:
                     hit = self._stale_cache[sk] = (
                         prev,
                         changed,
-                        frozenset(changed) if prev is None else prev.union(changed),
+                        (
+                            frozenset(changed)
+                            if prev is None
+                            else prev
+                            if changed <= prev
+                            else prev.union(changed)
+                        ),
                     )
                 self._stale_last = hit
             q.stale = hit[2]
@@ -3917,7 +3923,7 @@ class Scheduler:
             easy,
             best[1] if best is not None else None,
             best[0] if best is not None else _INF,
-            frozenset(held),
+            frozenset(held) if held else _NO_CHANGE,
         )
         if best is not None:
             # Admissions use EASY's extra up: it is copied when one first does.
