@@ -9,7 +9,13 @@ pods and gangs (replicas, Ray). Figures (milliseconds unless named otherwise):
 - full_pass_ms.fits: the same backlog, but each pass follows 200 completions, so the
   pass admits work as well as recording reasons.
 - incremental_event_ms: one event (an enqueue, or a completion that frees room for one
-  action) and the pass it triggers, with the full backlog waiting.
+  action) and the pass it triggers, with the full backlog waiting: 1,000 events, one a
+  second on the clock (enough that estimated ends pass, and for a p99 that is not just
+  the second largest of a hundred), with the largest and how many took over 1 ms.
+  ``young_collections_in_events`` / ``gc_ms_in_events``: the collector's runs that fell
+  inside those events, and their time (counted in the figures; the collector runs when
+  allocations say, so which events it lands on moves with any change). The events
+  start from a collected heap: what setup left is not theirs.
 - decisions_per_s: per-action decisions (admit, or a reason) per second in full passes.
 - kth_easy_simulate_s: wall time of ``headway simulate --swf KTH-SP2 --algorithm easy``.
 
@@ -20,14 +26,21 @@ reported beside the absolute figures (median, min, max over the rounds). ``cpu_m
 (``time.thread_time``): on a shared machine, what the work itself cost, without the
 time other processes took the core away.
 
-Run: ``python bench/core_pass.py`` (about a minute). The last line is one JSON object.
+The full passes and the events each run in a process of their own, on a scheduler
+built afresh: a thousand events leave the fleet more open than the full passes mean to
+find it (a pass then admits thousands), and full passes on a scheduler built where
+another had been freed measured 10-30% slower.
+
+Run: ``python bench/core_pass.py`` (under a minute). The last line is one JSON object.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,6 +65,7 @@ N_PENDING = 100_000
 N_QUEUES = 200
 N_CLUSTERS = 100
 ROUNDS = 5
+N_EVENTS = 1_000
 
 SHAPES = [
     NodeGroup("cpu", 4, Pod(cpu=32_000, memory=128 * GI)),
@@ -182,20 +196,115 @@ def summary(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
-def main() -> None:
+def setup(now: float) -> tuple[Scheduler, random.Random, list[str], int]:
+    """The fleet full, the backlog waiting, one pass made; the scheduler, the random
+    source the phases go on with, the running actions and how many wait."""
     rng = random.Random(7)
-    now = 1000.0
     s = Scheduler(fleet(), queues(rng))
     running = fill(s, rng, now)
     for a in pending(rng, N_PENDING, 0, now):
         assert s.submit(a, now) is None
     waiting = sum(len(q.waiting) for q in s.queues.values())
+    s.schedule(now)  # warm-up: first visit of everything
+    return s, rng, running, waiting
+
+
+def phase_events() -> dict[str, Any]:
+    """Incremental events (see the module's docstring)."""
+    now = 1000.0
+    s, rng, running, _ = setup(now)
+    for _ in range(ROUNDS + 1):
+        invalidate(s)  # as the full passes leave it
+        s.schedule(now)
+    # What setup and those passes left for the collector is not the events' work.
+    gc.collect()
+    inc: list[float] = []
+    inc_enq: list[float] = []
+    inc_done: list[float] = []
+    inc_cpu: list[float] = []
+    inc_enq_cpu: list[float] = []
+    inc_done_cpu: list[float] = []
+    seq = N_PENDING
+    gc_in: list[float] = []
+    gc_at = [0.0]
+    in_event = [False]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if not in_event[0]:
+            return
+        if phase == "start":
+            gc_at[0] = time.perf_counter()
+        else:
+            gc_in.append((time.perf_counter() - gc_at[0]) * 1000)
+
+    gc.callbacks.append(on_gc)
+    for i in range(N_EVENTS):
+        now += 1
+        if i % 2 == 0:
+            (a,) = pending(rng, 1, seq, now)
+            seq += 1
+            in_event[0] = True
+            c0 = time.thread_time()
+            t0 = time.perf_counter()
+            s.submit(a, now)
+            s.schedule(now)
+            dt = (time.perf_counter() - t0) * 1000
+            dc = (time.thread_time() - c0) * 1000
+            in_event[0] = False
+            inc_enq.append(dt)
+            inc_enq_cpu.append(dc)
+        else:
+            victim = running.pop(rng.randrange(len(running)))
+            in_event[0] = True
+            c0 = time.thread_time()
+            t0 = time.perf_counter()
+            s.finish(victim, now)
+            adm = s.schedule(now)
+            dt = (time.perf_counter() - t0) * 1000
+            dc = (time.thread_time() - c0) * 1000
+            in_event[0] = False
+            running.extend(x.action_id for x in adm)
+            inc_done.append(dt)
+            inc_done_cpu.append(dc)
+        inc.append(dt)
+        inc_cpu.append(dc)
+    gc.callbacks.remove(on_gc)
+    print(
+        f"incremental: enqueue p50 {pct(inc_enq, 0.5):.2f} ms p99 {pct(inc_enq, 0.99):.2f} ms;"
+        f" completion p50 {pct(inc_done, 0.5):.2f} ms p99 {pct(inc_done, 0.99):.2f} ms;"
+        f" max {max(inc):.2f} ms, {sum(x > 1 for x in inc)} of {len(inc)} over 1 ms"
+        f" ({len(gc_in)} young collections inside, {sum(gc_in):.1f} ms)",
+        file=sys.stderr,
+    )
+    return {
+        "incremental_events": len(inc),
+        "incremental_event_ms": {
+            "p50": round(pct(inc, 0.5), 3),
+            "p99": round(pct(inc, 0.99), 3),
+            "max": round(max(inc), 3),
+        },
+        "incremental_over_1ms": sum(x > 1 for x in inc),
+        "young_collections_in_events": len(gc_in),
+        "gc_ms_in_events": round(sum(gc_in), 2),
+        "incremental_enqueue_ms": pp(inc_enq, 3),
+        "incremental_completion_ms": pp(inc_done, 3),
+        "cpu_ms": {
+            "incremental_event": pp(inc_cpu, 3),
+            "incremental_enqueue": pp(inc_enq_cpu, 3),
+            "incremental_completion": pp(inc_done_cpu, 3),
+        },
+    }
+
+
+def phase_passes() -> dict[str, Any]:
+    """Full passes, nothing fits and fits (see the module's docstring)."""
+    now = 1000.0
+    s, rng, running, waiting = setup(now)
     print(
         f"setup: {waiting} pending in {N_QUEUES} queues, {N_CLUSTERS} clusters x {len(SHAPES)} shapes,"
         f" {len(running)} running",
         file=sys.stderr,
     )
-    s.schedule(now)  # warm-up: first visit of everything
 
     # --- full pass, nothing fits (calibration alternates with it)
     nf: list[float] = []
@@ -218,46 +327,6 @@ def main() -> None:
     print(
         f"full pass, nothing fits: p50 {pct(nf, 0.5):.1f} ms p99 {pct(nf, 0.99):.1f} ms"
         f" ({statistics.median(ratios):.1f}x a bare loop over the backlog)",
-        file=sys.stderr,
-    )
-
-    # --- incremental events
-    inc: list[float] = []
-    inc_enq: list[float] = []
-    inc_done: list[float] = []
-    inc_cpu: list[float] = []
-    inc_enq_cpu: list[float] = []
-    inc_done_cpu: list[float] = []
-    seq = N_PENDING
-    for i in range(200):
-        now += 1
-        if i % 2 == 0:
-            (a,) = pending(rng, 1, seq, now)
-            seq += 1
-            c0 = time.thread_time()
-            t0 = time.perf_counter()
-            s.submit(a, now)
-            s.schedule(now)
-            dt = (time.perf_counter() - t0) * 1000
-            dc = (time.thread_time() - c0) * 1000
-            inc_enq.append(dt)
-            inc_enq_cpu.append(dc)
-        else:
-            victim = running.pop(rng.randrange(len(running)))
-            c0 = time.thread_time()
-            t0 = time.perf_counter()
-            s.finish(victim, now)
-            adm = s.schedule(now)
-            dt = (time.perf_counter() - t0) * 1000
-            dc = (time.thread_time() - c0) * 1000
-            running.extend(x.action_id for x in adm)
-            inc_done.append(dt)
-            inc_done_cpu.append(dc)
-        inc.append(dt)
-        inc_cpu.append(dc)
-    print(
-        f"incremental: enqueue p50 {pct(inc_enq, 0.5):.2f} ms p99 {pct(inc_enq, 0.99):.2f} ms;"
-        f" completion p50 {pct(inc_done, 0.5):.2f} ms p99 {pct(inc_done, 0.99):.2f} ms",
         file=sys.stderr,
     )
 
@@ -292,6 +361,43 @@ def main() -> None:
         file=sys.stderr,
     )
     decisions = decided / fit_time if fit_time else 0.0
+    return {
+        "pending": waiting,
+        "full_pass_ms": {
+            "fits": {"p50": round(pct(fits, 0.5), 2), "p99": round(pct(fits, 0.99), 2)},
+            "nothing_fits": {"p50": round(pct(nf, 0.5), 2), "p99": round(pct(nf, 0.99), 2)},
+        },
+        "decisions_per_s": round(max(decisions, decisions_nf)),
+        "decisions_per_s_fits": round(decisions),
+        "decisions_per_s_nothing_fits": round(decisions_nf),
+        "nothing_fits_vs_bare_loop": {k: round(v, 2) for k, v in summary(ratios).items()},
+        "cpu_ms": {"full_pass_fits": pp(fits_cpu, 2), "full_pass_nothing_fits": pp(nf_cpu, 2)},
+    }
+
+
+PHASES = {"passes": phase_passes, "events": phase_events}
+
+
+def run_phase(name: str) -> dict[str, Any]:
+    """Run one phase in a process of its own (a fresh heap: a scheduler built where
+    another was freed, or after a thousand events, measures differently); its lines
+    go to stderr as they come, its result is its last stdout line."""
+    proc = subprocess.run(
+        [sys.executable, __file__, "--phase", name],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
+    got: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return got
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--phase":
+        print(json.dumps(PHASES[sys.argv[2]]()))
+        return
+    passes = run_phase("passes")
+    events = run_phase("events")
 
     # --- KTH-SP2 with EASY
     trace = Path(__file__).resolve().parents[2] / "shared" / "traces" / "KTH-SP2-1996-2.1-cln.swf"
@@ -307,36 +413,19 @@ def main() -> None:
         print(f"KTH-SP2 easy: {len(sc.workload)} jobs in {kth_s:.1f} s", file=sys.stderr)
 
     out: dict[str, Any] = {
-        "pending": waiting,
+        "pending": passes["pending"],
         "queues": N_QUEUES,
         "clusters": N_CLUSTERS,
         "shapes": len(SHAPES),
         "rounds": ROUNDS,
-        "full_pass_ms": {
-            "fits": {"p50": round(pct(fits, 0.5), 2), "p99": round(pct(fits, 0.99), 2)},
-            "nothing_fits": {"p50": round(pct(nf, 0.5), 2), "p99": round(pct(nf, 0.99), 2)},
-        },
-        "incremental_event_ms": {"p50": round(pct(inc, 0.5), 3), "p99": round(pct(inc, 0.99), 3)},
-        "incremental_enqueue_ms": {
-            "p50": round(pct(inc_enq, 0.5), 3),
-            "p99": round(pct(inc_enq, 0.99), 3),
-        },
-        "incremental_completion_ms": {
-            "p50": round(pct(inc_done, 0.5), 3),
-            "p99": round(pct(inc_done, 0.99), 3),
-        },
-        "decisions_per_s": round(max(decisions, decisions_nf)),
-        "decisions_per_s_fits": round(decisions),
-        "decisions_per_s_nothing_fits": round(decisions_nf),
-        "nothing_fits_vs_bare_loop": {k: round(v, 2) for k, v in summary(ratios).items()},
+        "full_pass_ms": passes["full_pass_ms"],
+        **{k: v for k, v in events.items() if k != "cpu_ms"},
+        "decisions_per_s": passes["decisions_per_s"],
+        "decisions_per_s_fits": passes["decisions_per_s_fits"],
+        "decisions_per_s_nothing_fits": passes["decisions_per_s_nothing_fits"],
+        "nothing_fits_vs_bare_loop": passes["nothing_fits_vs_bare_loop"],
         "kth_easy_simulate_s": round(kth_s, 2) if kth_s is not None else None,
-        "cpu_ms": {
-            "full_pass_fits": pp(fits_cpu, 2),
-            "full_pass_nothing_fits": pp(nf_cpu, 2),
-            "incremental_event": pp(inc_cpu, 3),
-            "incremental_enqueue": pp(inc_enq_cpu, 3),
-            "incremental_completion": pp(inc_done_cpu, 3),
-        },
+        "cpu_ms": {**passes["cpu_ms"], **events["cpu_ms"]},
         "kth_easy_simulate_cpu_s": round(kth_cpu, 2) if kth_cpu is not None else None,
     }
     print(json.dumps(out))
