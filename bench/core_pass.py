@@ -43,11 +43,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from headway.scheduler import (
     ActionSpec,
+    Admitted,
     Algorithm,
     ClusterSpec,
     NodeGroup,
@@ -59,6 +61,8 @@ from headway.scheduler import (
 )
 from headway.scheduler.model import DemandKind, ray_demand, replicas_demand
 from headway.scheduler.simulator import load_swf, simulate
+
+T = TypeVar("T")
 
 GI = 2**30
 N_PENDING = 100_000
@@ -192,6 +196,26 @@ def pp(xs: list[float], nd: int) -> dict[str, float]:
     return {"p50": round(pct(xs, 0.5), nd), "p99": round(pct(xs, 0.99), nd)}
 
 
+def timed(call: Callable[..., T], *args: Any) -> tuple[T, float, float]:
+    """``call(*args)``, with its wall time and this thread's CPU time, in milliseconds."""
+    c0 = time.thread_time()
+    t0 = time.perf_counter()
+    out = call(*args)
+    return out, (time.perf_counter() - t0) * 1000, (time.thread_time() - c0) * 1000
+
+
+def submit_and_pass(s: Scheduler, a: ActionSpec, now: float) -> list[Admitted]:
+    """An enqueue event: the submission and the pass it triggers."""
+    s.submit(a, now)
+    return s.schedule(now)
+
+
+def finish_and_pass(s: Scheduler, action_id: str, now: float) -> list[Admitted]:
+    """A completion event: the end and the pass it triggers."""
+    s.finish(action_id, now)
+    return s.schedule(now)
+
+
 def summary(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
@@ -244,24 +268,14 @@ def phase_events() -> dict[str, Any]:
             (a,) = pending(rng, 1, seq, now)
             seq += 1
             in_event[0] = True
-            c0 = time.thread_time()
-            t0 = time.perf_counter()
-            s.submit(a, now)
-            s.schedule(now)
-            dt = (time.perf_counter() - t0) * 1000
-            dc = (time.thread_time() - c0) * 1000
+            _, dt, dc = timed(submit_and_pass, s, a, now)
             in_event[0] = False
             inc_enq.append(dt)
             inc_enq_cpu.append(dc)
         else:
             victim = running.pop(rng.randrange(len(running)))
             in_event[0] = True
-            c0 = time.thread_time()
-            t0 = time.perf_counter()
-            s.finish(victim, now)
-            adm = s.schedule(now)
-            dt = (time.perf_counter() - t0) * 1000
-            dc = (time.thread_time() - c0) * 1000
+            adm, dt, dc = timed(finish_and_pass, s, victim, now)
             in_event[0] = False
             running.extend(x.action_id for x in adm)
             inc_done.append(dt)
@@ -313,11 +327,7 @@ def phase_passes() -> dict[str, Any]:
     for r in range(ROUNDS + 1):
         cal = calibrate(s)
         invalidate(s)
-        c0 = time.thread_time()
-        t0 = time.perf_counter()
-        adm = s.schedule(now)
-        dt = (time.perf_counter() - t0) * 1000
-        dc = (time.thread_time() - c0) * 1000
+        adm, dt, dc = timed(s.schedule, now)
         assert not adm
         if r:  # round 0 is the warm-up
             nf.append(dt)
@@ -343,11 +353,7 @@ def phase_passes() -> dict[str, Any]:
                 s.finish(running.pop(rng.randrange(len(running))), now)
         invalidate(s)
         w = sum(len(q.waiting) for q in s.queues.values())
-        c0 = time.thread_time()
-        t0 = time.perf_counter()
-        adm = s.schedule(now)
-        dt = (time.perf_counter() - t0) * 1000
-        dc = (time.thread_time() - c0) * 1000
+        adm, dt, dc = timed(s.schedule, now)
         running.extend(x.action_id for x in adm)
         if r:
             fits.append(dt)
@@ -405,11 +411,8 @@ def main() -> None:
     kth_cpu: float | None = None
     if trace.exists():
         sc, skipped = load_swf(trace.read_text(), "easy")
-        c0 = time.thread_time()
-        t0 = time.perf_counter()
-        simulate(sc, skipped=skipped)
-        kth_s = time.perf_counter() - t0
-        kth_cpu = time.thread_time() - c0
+        _, kth_ms, kth_cpu_ms = timed(lambda: simulate(sc, skipped=skipped))
+        kth_s, kth_cpu = kth_ms / 1000, kth_cpu_ms / 1000
         print(f"KTH-SP2 easy: {len(sc.workload)} jobs in {kth_s:.1f} s", file=sys.stderr)
 
     out: dict[str, Any] = {
