@@ -406,8 +406,17 @@ class _Class:
                 r = rs[k]
                 for a in m[st[k] : st[k + 1] if k + 1 < nk else len(m)]:
                     _catch_up(a, p, r)
-        self.starts, self.reasons, self.pend = _merge_runs(st, rs, [()] * nk)
+        self._runs(st, rs, [()] * nk)
         self.lazy = False
+
+    def _runs(self, st: list[int], rs: list[str | None], pd: list[tuple[str, ...]]) -> None:
+        """Make the runs ``st``/``rs``/``pd``, neighbours alike merged, the class's own,
+        written into its lists (kept from pass to pass: the collector need not walk new
+        ones)."""
+        ms, mr, mp = _merge_runs(st, rs, pd)
+        self.starts[:] = ms
+        self.reasons[:] = mr
+        self.pend[:] = mp
 
     def settle(self, i: int, j: int, r: str) -> None:
         """Give members ``i`` to ``j - 1`` the reason ``r``: a run whose members have
@@ -453,7 +462,7 @@ class _Class:
         new_st += st[kk:]
         new_rs += rs[kk:]
         new_pd += pd[kk:]
-        self.starts, self.reasons, self.pend = _merge_runs(new_st, new_rs, new_pd)
+        self._runs(new_st, new_rs, new_pd)
         self.lazy = any(self.pend)
         if self.lazy and len(self.starts) > 64:
             # Runs that differ only in what they have pending: write it out.
@@ -462,8 +471,7 @@ class _Class:
     def settle_all(self, r: str) -> None:
         """``settle(0, len(m), r)`` for a class of two members or more: every run takes
         ``r``, so no run is split (the common case of a class whose first member's
-        answer changed, see ``Scheduler._flip``). The lists are changed in place: they
-        are the class's own (``_merge_runs`` makes new ones)."""
+        answer changed, see ``Scheduler._flip``). The lists are changed in place."""
         rs, pd = self.reasons, self.pend
         for k, x in enumerate(rs):
             if x != r:
@@ -474,7 +482,7 @@ class _Class:
         # Every run has ``r`` now: neighbours with the same notes pending are one run.
         for k in range(1, len(pd)):
             if pd[k] == pd[k - 1]:
-                self.starts, self.reasons, self.pend = _merge_runs(self.starts, rs, pd)
+                self._runs(self.starts, rs, pd)
                 break
         self.lazy = any(self.pend)
         if self.lazy and len(self.starts) > 64:
@@ -493,7 +501,7 @@ class _Class:
             del st[k]
             del rs[k]
             del pd[k]
-            self.starts, self.reasons, self.pend = _merge_runs(st, rs, pd)
+            self._runs(st, rs, pd)
             self.lazy = any(self.pend)
 
 
