@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 from headway.scheduler import (
-    ActionSpec,
     Algorithm,
     ClusterSpec,
     NodeGroup,
@@ -33,6 +32,8 @@ from headway.scheduler import (
 )
 from headway.scheduler.resources import Pod
 
+from .helpers import apply_op, submitter
+
 GI = 2**30
 NODE = Pod(cpu=16_000, memory=64 * GI)
 HALF = Pod(cpu=8_000, memory=32 * GI)
@@ -41,9 +42,8 @@ ALGOS = [Algorithm.backfill, Algorithm.easy, Algorithm.greedy, Algorithm.strict]
 
 def make_held_fleet(
     incremental: bool, queues: int, clusters: int, seed: int
-) -> tuple[Scheduler, random.Random, int]:
-    """The fleet above, full and held; returns the scheduler, its event RNG and the
-    last sequence number used."""
+) -> tuple[Scheduler, random.Random]:
+    """The fleet above, full and held; returns the scheduler and its event RNG."""
     rng = random.Random(seed)
     specs = [
         QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
@@ -58,27 +58,20 @@ def make_held_fleet(
         specs,
         incremental=incremental,
     )
-    seq = 0
-
-    def add(aid: str, queue: str, pods: tuple[Pod, ...], est: float) -> None:
-        nonlocal seq
-        seq += 1
-        a = ActionSpec(aid, queue, pods, submit=0.0, seq=seq, estimate=est)
-        assert s.submit(a, 0.0) is None
-
+    add = submitter(s)
     for i in range(2 * clusters):
-        add(f"F{i}", "fill", (NODE,), float(rng.choice([5, 20, 60])))
-    add("H", "hold", (NODE, NODE), 50.0)
+        add("fill", f"F{i}", (NODE,), float(rng.choice([5, 20, 60])))
+    add("hold", "H", (NODE, NODE), 50.0)
     for i in range(queues):
         for k in range(4):
-            add(f"Q{i}_{k}", f"q{i}", (rng.choice([NODE, HALF]),), float(rng.choice([10, 30])))
-    return s, rng, seq
+            add(f"q{i}", f"Q{i}_{k}", (rng.choice([NODE, HALF]),), float(rng.choice([10, 30])))
+    return s, rng
 
 
 def run_events(incremental: bool, queues: int, clusters: int, seed: int) -> list[Any]:
     """Thirty events (two completions, then new fill work, and so on); the log of
     every pass's admissions and every action's state and reasons after it."""
-    s, rng, seq = make_held_fleet(incremental, queues, clusters, seed)
+    s, rng = make_held_fleet(incremental, queues, clusters, seed)
     first = sorted(x.action_id for x in s.schedule(0.0))
     running = list(first)
     log: list[Any] = [first]
@@ -86,12 +79,10 @@ def run_events(incremental: bool, queues: int, clusters: int, seed: int) -> list
     for i in range(30):
         t += rng.choice([1.0, 1.0, 4.0])
         if i % 3 == 2 or not running:
-            seq += 1
             est = float(rng.choice([5, 40]))
-            a = ActionSpec(f"N{i}", "fill", (NODE,), submit=t, seq=seq, estimate=est)
-            assert s.submit(a, t) is None
+            apply_op(s, ("submit", "fill", f"N{i}", NODE, t), 10_000 + i, est)
         else:
-            s.finish(running.pop(rng.randrange(len(running))), t)
+            apply_op(s, ("finish", running.pop(rng.randrange(len(running))), t), 0)
         adm = s.schedule(t)
         running += [x.action_id for x in adm]
         log.append(sorted(x.action_id for x in adm))
