@@ -29,7 +29,8 @@ time other processes took the core away.
 The full passes and the events each run in a process of their own, on a scheduler
 built afresh: a thousand events leave the fleet more open than the full passes mean to
 find it (a pass then admits thousands), and full passes on a scheduler built where
-another had been freed measured 10-30% slower.
+another had been freed measured slower (fits p99 40-50 ms in three runs, against 34-36
+on one built first).
 
 Run: ``python bench/core_pass.py`` (under a minute). The last line is one JSON object.
 """
