@@ -727,9 +727,7 @@ class _Cands:
     __slots__ = ("names", "order", "pos")
 
     def __init__(self, pos: int, order: list[ClusterState], names: frozenset[str]) -> None:
-        self.pos = pos
-        self.order = order
-        self.names = names
+        self.set(pos, order, names)
 
     def set(self, pos: int, order: list[ClusterState], names: frozenset[str]) -> None:
         self.pos = pos
@@ -3743,7 +3741,7 @@ class Scheduler:
                 ]
             if not order:
                 order, names = _NO_ROOM, _NO_CHANGE
-            elif hit is not None and len(order) == len(hit.order) and hit.order == order:
+            elif hit is not None and hit.order == order:
                 # (Room where there was: the list and names as they are.)
                 order, names = hit.order, hit.names
             else:
