@@ -30,6 +30,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
+from itertools import compress
 from operator import attrgetter, itemgetter
 from typing import Any, Protocol
 
@@ -54,6 +55,7 @@ _INF = float("inf")
 _POS = attrgetter("pos")
 _BY_TIME_SEQ = itemgetter(0, 1)
 _FIRST = itemgetter(0)
+_NAME = attrgetter("name")
 # Fewer clusters than this: ``Scheduler._reserve`` walks them all (keeping the walk costs
 # more than it saves), and ``Scheduler._base_order`` sorts them afresh.
 _SCAN_MIN = 4
@@ -3730,22 +3732,40 @@ class Scheduler:
             if hit is not None and len(base) > _SCAN_MIN:
                 moved = self._soft_since(hit.pos, len(base) // 4)
                 had = hit.names
+            keep: frozenset[str] | None = None
             if moved is None:
-                order = [c for c in base if self._room(c, dkey, runs)]
+                sel = nr_key[0]
+                if sel is not None and len(base) > _SCAN_MIN:
+                    # The whole fleet's entry for the demand has every healthy cluster
+                    # with room, and is brought up to date by the clusters that moved
+                    # alone: selectors read it instead of asking each of their clusters
+                    # (after a completion, dozens of selectors ask of the same few).
+                    anyr = self._cands_of((None, dkey), runs, None).names
+                    order = list(compress(base, map(anyr.__contains__, map(_NAME, base))))
+                else:
+                    order = [c for c in base if self._room(c, dkey, runs)]
             else:
-                # Only the moved clusters' room may have changed.
-                order = [
-                    c
-                    for c in base
-                    if (self._room(c, dkey, runs) if c.name in moved else c.name in had)
-                ]
+                # Only the moved clusters' room may have changed: ask them, and take the
+                # others as they were. The filter runs in C (a completion brings dozens
+                # of entries up to date every pass, each over up to the whole fleet).
+                kd = self._orders[nr_key[0]][3]
+                clusters = self.clusters
+                keep = had
+                for n in moved:
+                    if n in kd:
+                        if self._room(clusters[n], dkey, runs):
+                            if n not in keep:
+                                keep = keep | {n}
+                        elif n in keep:
+                            keep = keep - {n}
+                order = list(compress(base, map(keep.__contains__, map(_NAME, base))))
             if not order:
                 order, names = _NO_ROOM, _NO_CHANGE
             elif hit is not None and hit.order == order:
                 # (Room where there was: the list and names as they are.)
                 order, names = hit.order, hit.names
             else:
-                names = frozenset(c.name for c in order)
+                names = frozenset(map(_NAME, order)) if keep is None else keep
             if hit is None:
                 hit = self._cands[nr_key] = _Cands(cap_end, order, names)
             else:
