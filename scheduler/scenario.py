@@ -125,7 +125,8 @@ class _Ctx:
                 raise self.fail(
                     m.lines.get(k, m.line),
                     f"{path}.{k}",
-                    f"unknown field (expected one of {', '.join(sorted(allowed))})",
+                    f"unknown field, value {_shown(m[k])}"
+                    f" (expected one of {', '.join(sorted(allowed))})",
                 )
         for k in sorted(required):
             if k not in m:
@@ -160,19 +161,33 @@ class _Ctx:
             raise self.fail(self.line_of(m, k), f"{path}.{k}", f"{v!r} is not a name")
         return str(v)
 
-    def wrap(self, fn: Callable[[], Any], line: int | None) -> Any:
+    def wrap(
+        self, fn: Callable[[], Any], line: int | None, within: tuple[str, Any] | None = None
+    ) -> Any:
+        """``fn()``, its ``ValueError`` turned into a ``ScenarioError`` at ``line``.
+
+        ``within``: the path and value ``fn`` parses. When the value is a mapping read
+        from the file and the error names one of its keys, the error gets that key's own
+        line (a block mapping spreads its keys over lines below ``line``).
+        """
         try:
             return fn()
-        except QuantityError as exc:
-            raise self.fail(
-                line, str(exc).split(":")[0], ":".join(str(exc).split(":")[1:]).strip()
-            ) from exc
         except ValueError as exc:
             if isinstance(exc, ScenarioError):
                 raise
             msg = str(exc)
-            head, _, tail = msg.partition(": ")
-            raise self.fail(line, head, tail or msg) from exc
+            if isinstance(exc, QuantityError):
+                head, _, tail = msg.partition(":")
+                tail = tail.strip()
+            else:
+                head, _, tail = msg.partition(": ")
+                tail = tail or msg
+            if within is not None and isinstance(within[1], _Map):
+                base, m = within
+                key = head[len(base) + 1 :] if head.startswith(f"{base}.") else None
+                if key is not None and key in m.lines:
+                    line = m.lines[key]
+            raise self.fail(line, head, tail) from exc
 
 
 @dataclass
@@ -198,7 +213,13 @@ class Scenario:
 
 
 def _pod(ctx: _Ctx, v: Any, path: str, line: int | None) -> Pod:
-    return ctx.wrap(lambda: parse_pod(v, path), line)  # type: ignore[no-any-return]
+    return ctx.wrap(lambda: parse_pod(v, path), line, (path, v))  # type: ignore[no-any-return]
+
+
+def _shown(v: Any) -> str:
+    """A value for an error message: its repr, cut short if long."""
+    r = repr(v)
+    return r if len(r) <= 60 else f"{r[:57]}..."
 
 
 def _clusters(ctx: _Ctx, v: Any, path: str, line: int | None) -> list[ClusterSpec]:
@@ -271,7 +292,11 @@ def _queue_fields(ctx: _Ctx, m: _Map, p: str, clusters: set[str] | None) -> dict
             out[k] = ctx.count(m, k, p, 0)
         elif k == "max_resources":
             out[k] = (
-                None if v is None else ctx.wrap(partial(parse_quota, v, f"{p}.max_resources"), line)
+                None
+                if v is None
+                else ctx.wrap(
+                    partial(parse_quota, v, f"{p}.max_resources"), line, (f"{p}.max_resources", v)
+                )
             )
         elif k == "clusters":
             if v is None:

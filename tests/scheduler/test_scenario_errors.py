@@ -47,7 +47,7 @@ CASES = [
         "  - {id: a, queue: q, submit: 0, duration: 10, colour: red, resources: {cpu: 1}}",
         10,
         "workload[0].colour",
-        "unknown field",
+        "unknown field, value 'red'",
     ),
     (
         "missing-required-duration",
@@ -150,6 +150,59 @@ def test_scenario_error_names_file_line_field_value(
     assert msg.startswith(f"bad.yaml:{exp_line}:"), msg
     assert field in msg, msg
     assert value in msg, msg
+
+
+# Block mappings: each key on a line of its own, below the key that opens the block. The
+# error names the bad key's own line. (id, scenario text, line, field, value)
+BLOCK = """\
+clusters:
+  - name: c1
+    node_groups:
+      - name: n
+        count: 1
+        shape:
+          cpu: 8
+          gpu: {gpu}
+queues:
+  - name: q
+    max_resources:
+      cpu: 2
+      memory: {memory}
+workload:
+  - id: a
+    queue: q
+    submit: 0
+    duration: 10
+    resources:
+      cpu: 1
+      {key}: 1Gi
+"""
+GOOD = {"gpu": '"H200:8"', "memory": "4Gi", "key": "memory"}
+BLOCK_CASES = [
+    ("bad-gpu-in-a-block-node-shape", {"gpu": '"H200:x"'}, 8, "shape.gpu", "H200:x"),
+    ("bad-memory-in-a-block-quota", {"memory": "lots"}, 13, "max_resources.memory", "lots"),
+    ("misspelt-key-in-block-resources", {"key": "memroy"}, 21, "resources.memroy", "unknown"),
+]
+
+
+@pytest.mark.parametrize(
+    ("changes", "exp_line", "field", "value"),
+    [pytest.param(*c[1:], id=c[0]) for c in BLOCK_CASES],
+)
+def test_an_error_inside_a_block_mapping_names_the_keys_own_line(
+    changes: dict[str, str], exp_line: int, field: str, value: str
+) -> None:
+    text = BLOCK.format(**{**GOOD, **changes})
+    with pytest.raises(ScenarioError) as ei:
+        load_scenario(text, "bad.yaml")
+    msg = str(ei.value)
+    assert msg.startswith(f"bad.yaml:{exp_line}:"), msg
+    assert field in msg and value in msg, msg
+
+
+def test_block_scenario_is_valid_as_given() -> None:
+    sc = load_scenario(BLOCK.format(**GOOD), "ok.yaml")
+    assert [w.spec.id for w in sc.workload] == ["a"]
 
 
 def test_unknown_top_level_field() -> None:
