@@ -862,11 +862,14 @@ class Scheduler:
         self._dkeys: dict[Any, int] = {}
         self._classes: dict[tuple[Any, ...], int] = {}
         self._could_hold: dict[tuple[int, int], bool] = {}
-        # The queues in visiting order, while ``_qorder_ver`` (bumped by anything that
-        # can change a queue's head or policy) stands still.
+        # The queues in visiting order, their sort keys in the same order and by queue
+        # name, and the queues whose head may have changed since (``_mark_head``): each
+        # is put back where its key now goes. None: a policy changed (a priority, a
+        # queue added or removed), sort them all again.
         self._qorder: list[_Queue] = []
-        self._qorder_ver = 0
-        self._qorder_at = -1
+        self._qkeyed: list[tuple[Any, ...]] = []
+        self._qkeys: dict[str, tuple[Any, ...]] = {}
+        self._qdirty: set[_Queue] | None = None
         # The queues that were draining when a policy last changed (``upsert_queue``,
         # ``remove_queue`` bump ``_spec_ver``): only a policy change makes one draining,
         # so these are all that ``schedule`` need look at to settle.
@@ -1051,7 +1054,7 @@ class Scheduler:
             self.queues[spec.name] = _Queue(spec)
         else:
             q.spec = spec
-        self._qorder_ver += 1
+        self._qdirty = None
         self._spec_ver += 1
 
     def update_queue(self, name: str, changes: Mapping[str, Any]) -> QueueSpec:
@@ -1072,7 +1075,7 @@ class Scheduler:
         if q.waiting or q.running:
             raise ValueError(f"queue: {name!r} still holds actions; drain it first")
         del self.queues[name]
-        self._qorder_ver += 1
+        self._mark_head(q)  # (empty, so never in the visiting order since its last pass)
         self._spec_ver += 1
 
     def set_org(self, org: OrgLimits) -> None:
@@ -1220,7 +1223,7 @@ class Scheduler:
             if not w:
                 # A queue joins the visiting order. (Appended behind others, the head,
                 # and so the order, stay.)
-                self._qorder_ver += 1
+                self._mark_head(q)
             w.append(a)
             if q.tail >= 0:
                 q.tail += 1
@@ -1235,7 +1238,7 @@ class Scheduler:
             self._flush(q)
             q.cls_mode = None  # positions are renumbered when the classes are rebuilt
             q.tail = -1
-            self._qorder_ver += 1  # it may be the new head
+            self._mark_head(q)  # it may be the new head
         q.epoch += 1
         return None
 
@@ -1251,7 +1254,7 @@ class Scheduler:
                 self._unlist(q, a)
             q.epoch += 1
             q.tail = -1
-            self._qorder_ver += 1
+            self._mark_head(q)
             del self.actions[action_id]
             self._settle_status(q)
             return True
@@ -1384,20 +1387,55 @@ class Scheduler:
                 self._settle_status(q)
         return out
 
-    def _pass(self, now: float, out: list[Admitted]) -> int:
-        self.passes += 1
-        # Equal priority: the queue whose next action was submitted first, then by
-        # name. File order breaks ties within a queue only. (Names are unique, so the
-        # queue itself is never compared.)
-        if self._qorder_at != self._qorder_ver:
+    def _mark_head(self, q: _Queue) -> None:
+        """``q``'s head may have changed (or it may have joined or left the visiting
+        order): the next pass puts it back where it now goes."""
+        if self._qdirty is not None:
+            self._qdirty.add(q)
+
+    def _reorder(self) -> None:
+        """Bring the visiting order up to date: all of it after a policy change, else
+        only the queues whose head may have changed (an admission moves one queue's
+        head: sorting every queue again after it was a tenth of an admitting event)."""
+        dirty = self._qdirty
+        keyed = self._qkeyed
+        order = self._qorder
+        keys = self._qkeys
+        if dirty is None:
             keyed = [
                 (-q.spec.priority, q.waiting[0].submit, q.spec.name, q)
                 for q in self.queues.values()
                 if q.waiting
             ]
             keyed.sort()
-            self._qorder = [k[3] for k in keyed]
-            self._qorder_at = self._qorder_ver
+            self._qkeyed = keyed
+            self._qkeys = {k[2]: k for k in keyed}
+            order = [k[3] for k in keyed]
+        else:
+            for q in dirty:
+                name = q.spec.name
+                old = keys.pop(name, None)
+                if old is not None:
+                    # Keys are unique (the name is in them): this finds it exactly.
+                    i = bisect_left(keyed, old)
+                    del keyed[i]
+                    del order[i]
+                if q.waiting and self.queues.get(name) is q:
+                    k = (-q.spec.priority, q.waiting[0].submit, name, q)
+                    i = bisect_left(keyed, k)
+                    keyed.insert(i, k)
+                    order.insert(i, q)
+                    keys[name] = k
+        self._qorder = order
+        self._qdirty = set()
+
+    def _pass(self, now: float, out: list[Admitted]) -> int:
+        self.passes += 1
+        # Equal priority: the queue whose next action was submitted first, then by
+        # name. File order breaks ties within a queue only. (Names are unique, so the
+        # queue itself is never compared.)
+        if self._qdirty is None or self._qdirty:
+            self._reorder()
         order = self._qorder
         self._holds = {}
         self._resv = {}
@@ -3822,7 +3860,7 @@ class Scheduler:
         if not c.known:
             self.unknown_capacity_passes += 1
         self._admissions += 1
-        self._qorder_ver += 1
+        self._mark_head(q)
         self._touch(c.name)
         self._org_epoch += 1
         self._env_epoch += inst is not None
