@@ -1075,7 +1075,8 @@ class Scheduler:
         if q.waiting or q.running:
             raise ValueError(f"queue: {name!r} still holds actions; drain it first")
         del self.queues[name]
-        self._mark_head(q)  # (empty, so never in the visiting order since its last pass)
+        # (Empty: if it is in the visiting order still, the cancel since marked it.)
+        self._mark_head(q)
         self._spec_ver += 1
 
     def set_org(self, org: OrgLimits) -> None:
@@ -1396,7 +1397,12 @@ class Scheduler:
     def _reorder(self) -> None:
         """Bring the visiting order up to date: all of it after a policy change, else
         only the queues whose head may have changed (an admission moves one queue's
-        head: sorting every queue again after it was a tenth of an admitting event)."""
+        head: sorting every queue again after it was a tenth of an admitting event).
+
+        Equal priority: the queue whose next action was submitted first, then by name.
+        File order breaks ties within a queue only. (Names are unique, so the queue
+        itself is never compared.)
+        """
         dirty = self._qdirty
         keyed = self._qkeyed
         order = self._qorder
@@ -1431,9 +1437,6 @@ class Scheduler:
 
     def _pass(self, now: float, out: list[Admitted]) -> int:
         self.passes += 1
-        # Equal priority: the queue whose next action was submitted first, then by
-        # name. File order breaks ties within a queue only. (Names are unique, so the
-        # queue itself is never compared.)
         if self._qdirty is None or self._qdirty:
             self._reorder()
         order = self._qorder
