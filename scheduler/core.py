@@ -869,7 +869,9 @@ class Scheduler:
         self._qorder: list[_Queue] = []
         self._qkeyed: list[tuple[Any, ...]] = []
         self._qkeys: dict[str, tuple[Any, ...]] = {}
-        self._qdirty: set[_Queue] | None = None
+        # (A dict, not a set: processed in the order marked, not by object address. The
+        # result is the same either way; the order of work is reproducible too.)
+        self._qdirty: dict[_Queue, None] | None = None
         # The queues that were draining when a policy last changed (``upsert_queue``,
         # ``remove_queue`` bump ``_spec_ver``): only a policy change makes one draining,
         # so these are all that ``schedule`` need look at to settle.
@@ -1392,7 +1394,7 @@ class Scheduler:
         """``q``'s head may have changed (or it may have joined or left the visiting
         order): the next pass puts it back where it now goes."""
         if self._qdirty is not None:
-            self._qdirty.add(q)
+            self._qdirty[q] = None
 
     def _reorder(self) -> None:
         """Bring the visiting order up to date: all of it after a policy change, else
@@ -1433,7 +1435,7 @@ class Scheduler:
                     order.insert(i, q)
                     keys[name] = k
         self._qorder = order
-        self._qdirty = set()
+        self._qdirty = {}
 
     def _pass(self, now: float, out: list[Admitted]) -> int:
         self.passes += 1
