@@ -153,7 +153,16 @@ async def test_continue_as_new_delivers_decisions_first_and_carries_none(
     """Admissions decided but not yet dispatched are delivered before a run continues as
     new, so the carried state is the core's window, never a pile of undelivered
     decisions (up to MAX_UNDELIVERED of them, ~600 KB, measured while a paced backlog
-    drained)."""
+    drained).
+
+    The run is made to continue as new in the very task whose pass admits a backlog:
+    24 actions wait behind ``action_concurrency: 0``, the history limit drops to 1 (any
+    task then ends its run), and the limit on the queue is lifted. That pass admits all
+    24 and one dispatch of one admission may run at a time, so 23 are undelivered when
+    the run must continue. (Left to timing, as this test once was, every admission
+    could be delivered by chained local activities within three tasks, before the
+    history was long enough to continue at all.)
+    """
     import headway.workflows.scheduler as sched
 
     # One admission per dispatch, one dispatch at a time: decisions queue up undelivered.
@@ -161,15 +170,28 @@ async def test_continue_as_new_delivers_decisions_first_and_carries_none(
     monkeypatch.setattr(sched, "MAX_DISPATCH_INFLIGHT", 1)
     await plane.client.start_workflow(
         SchedulerWorkflow.run,
-        SchedulerInput(tenant=tenant, fleet=[c.to_dict() for c in plane.fleet], max_history=20),
+        SchedulerInput(tenant=tenant, fleet=[c.to_dict() for c in plane.fleet]),
         id=protocol.scheduler_workflow_id(tenant),
         task_queue=protocol.CONTROL_TASK_QUEUE,
     )
-    await hw.upsert_queue(plane.client, tenant, {"name": "default"})
+    await hw.upsert_queue(plane.client, tenant, {"name": "default", "action_concurrency": 0})
     n = 24
     handles = await asyncio.gather(
         *(hw.submit(plane.client, req(tenant, f"d{i}", duration_s=0.1)) for i in range(n))
     )
+
+    async def all_waiting() -> bool:
+        return bool((await hw.get_queues(plane.client, tenant))["default"]["waiting"] == n)
+
+    await eventually(all_waiting)
+    assert plane.cluster.started == []
+    limit = sched.MAX_HISTORY
+    monkeypatch.setattr(sched, "MAX_HISTORY", 1)
+    await hw.update_queue(plane.client, tenant, "default", {"action_concurrency": None})
+    # The task that took the update decided to continue; the runs after it must not
+    # (they would continue at once, again and again). The next run starts only once the
+    # 23 undelivered admissions went out one dispatch activity at a time.
+    monkeypatch.setattr(sched, "MAX_HISTORY", limit)
     results = [await hw.wait_result(h) for h in handles]
     assert [r.state for r in results] == ["succeeded"] * n
     assert sorted(plane.cluster.started) == sorted(f"d{i}" for i in range(n))  # once each
