@@ -1410,11 +1410,7 @@ class Scheduler:
         order = self._qorder
         keys = self._qkeys
         if dirty is None:
-            keyed = [
-                (-q.spec.priority, q.waiting[0].submit, q.spec.name, q)
-                for q in self.queues.values()
-                if q.waiting
-            ]
+            keyed = [_qkey(q) for q in self.queues.values() if q.waiting]
             keyed.sort()
             self._qkeyed = keyed
             self._qkeys = {k[2]: k for k in keyed}
@@ -1429,7 +1425,7 @@ class Scheduler:
                     del keyed[i]
                     del order[i]
                 if q.waiting and self.queues.get(name) is q:
-                    k = (-q.spec.priority, q.waiting[0].submit, name, q)
+                    k = _qkey(q)
                     i = bisect_left(keyed, k)
                     keyed.insert(i, k)
                     order.insert(i, q)
@@ -4665,6 +4661,12 @@ def _reads_running(spec: QueueSpec) -> bool:
         or spec.per_run_concurrency is not None
         or spec.max_resources is not None
     )
+
+
+def _qkey(q: _Queue) -> tuple[Any, ...]:
+    """A queue's place in the visiting order (it has work waiting): priority, its head's
+    submit time, its name; the queue last (never compared: names are unique)."""
+    return (-q.spec.priority, q.waiting[0].submit, q.spec.name, q)
 
 
 def _order_key(c: ClusterState) -> tuple[Any, ...]:
