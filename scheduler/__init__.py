@@ -7,7 +7,7 @@ simulate`` drive this same core.
 
 from __future__ import annotations
 
-from .core import Admitted, NodeReport, Scheduler
+from .core import Admitted, NodeReport, PassError, Scheduler
 from .model import (
     ActionSpec,
     Algorithm,
@@ -43,6 +43,7 @@ __all__ = [
     "NodeGroup",
     "NodeReport",
     "OrgLimits",
+    "PassError",
     "Pod",
     "Priority",
     "QuantityError",

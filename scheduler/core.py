@@ -116,6 +116,32 @@ class Admitted:
     reasons: tuple[str, ...]
 
 
+class PassError(Exception):
+    """A pass raised (a bug: no input should make one). ``admitted`` are the decisions it
+    had made, and applied, before it stopped; ``action_id`` the action it was deciding
+    about then (None if it raised elsewhere). The caller rebuilds the core from its
+    snapshot and tries again (see ``workflows.scheduler``)."""
+
+    def __init__(self, admitted: list[Admitted], action_id: str | None) -> None:
+        super().__init__(f"scheduler pass failed (deciding about action {action_id!r})")
+        self.admitted = admitted
+        self.action_id = action_id
+
+
+def _deciding(exc: BaseException) -> str | None:
+    """The action that ``_consider`` was deciding about when ``exc`` was raised under it.
+
+    Read off the traceback after the fact, so that the hot path keeps no record of it."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is Scheduler._consider.__code__:
+            a = tb.tb_frame.f_locals.get("a")
+            if isinstance(a, _Action):
+                return a.id
+        tb = tb.tb_next
+    return None
+
+
 class _Action:
     __slots__ = (
         "_last",
@@ -914,7 +940,7 @@ class Scheduler:
         ] = {}
         # Per (cluster, demand, EASY): the demand placed on the cluster emptied, with
         # the node list it was made for (see ``_empty_fit``).
-        self._empties: dict[tuple[int, int, bool], tuple[Any, bool, ClusterState]] = {}
+        self._empties: dict[tuple[int, int, bool], tuple[Any, bool, ClusterState, int]] = {}
         # Per cluster: whether giving back all of ``_releases``' list (the one named)
         # empties it.
         self._rel_empty: dict[int, tuple[Any, bool]] = {}
@@ -1376,18 +1402,24 @@ class Scheduler:
     # ------------------------------------------------------------------ the pass
 
     def schedule(self, now: float) -> list[Admitted]:
-        """One scheduling cycle: passes until nothing more starts."""
-        self.expire_environments(now)
+        """One scheduling cycle: passes until nothing more starts.
+
+        Raises ``PassError`` (with what was admitted before) if anything inside raises.
+        """
         out: list[Admitted] = []
-        while self._pass(now, out):
-            pass
-        draining = QueueStatus.draining
-        if self._draining_at != self._spec_ver:
-            self._draining = [q for q in self.queues.values() if q.spec.status is draining]
-            self._draining_at = self._spec_ver
-        for q in self._draining:
-            if q.spec.status is draining:
-                self._settle_status(q)
+        try:
+            self.expire_environments(now)
+            while self._pass(now, out):
+                pass
+            draining = QueueStatus.draining
+            if self._draining_at != self._spec_ver:
+                self._draining = [q for q in self.queues.values() if q.spec.status is draining]
+                self._draining_at = self._spec_ver
+            for q in self._draining:
+                if q.spec.status is draining:
+                    self._settle_status(q)
+        except Exception as e:
+            raise PassError(out, _deciding(e)) from e
         return out
 
     def _mark_head(self, q: _Queue) -> None:
@@ -4099,7 +4131,9 @@ class Scheduler:
         key = (c.index, dkey, easy)
         fit_cache = self._fit_cache
         hit = fit_cache.get(key)
-        if hit is not None and hit[0] != c.version:
+        if hit is not None and hit[0] != c.version and not easy:
+            # Not for EASY: its extra depends on which nodes are free now (the head's
+            # projected placement takes busy-now nodes first), which both moved.
             hit = self._carried(c, key, hit) or self._freed(c, key, hit, now)
         if not easy and (
             hit is None
@@ -4360,7 +4394,10 @@ class Scheduler:
             applied = i
             # The projection is scratch: with EASY, placing the head in it for real
             # leaves exactly the extra it does not need.
-            if proj.place(runs, commit=easy) is not None:
+            proj.now = c if easy else None
+            placed = proj.place(runs, commit=easy) is not None
+            proj.now = None
+            if placed:
                 if t <= now:
                     # It fits once overdue work is counted gone: the reservation is
                     # "now", which moves with the clock.
@@ -4405,10 +4442,15 @@ class Scheduler:
         the extra they are given: see ``_earliest_fit``)."""
         key = (c.index, dkey, easy)
         hit = self._empties.get(key)
-        if hit is None or hit[0] is not c.cap:
+        # EASY's extra also depends on which nodes are free now (``ClusterState.now``).
+        ver = c.version if easy else -1
+        if hit is None or hit[0] is not c.cap or hit[3] != ver:
             empty = c.with_free((c.capv[0][:], c.capv[1][:], c.capv[2][:], c.capv[3][:]))
+            if easy:
+                empty.now = c
             placed = empty.place(runs, commit=easy) is not None
-            hit = self._empties[key] = (c.cap, placed, empty)
+            empty.now = None
+            hit = self._empties[key] = (c.cap, placed, empty, ver)
         if not hit[1]:
             return None
         if t <= now:
@@ -4562,8 +4604,8 @@ class Scheduler:
         }
 
     @staticmethod
-    def from_snapshot(d: Mapping[str, Any]) -> Scheduler:
-        """Rebuild a scheduler from ``to_snapshot`` output."""
+    def from_snapshot(d: Mapping[str, Any], incremental: bool | None = None) -> Scheduler:
+        """Rebuild a scheduler from ``to_snapshot`` output (nothing remembered)."""
         if d.get("v") != 1:
             raise ValueError(f"snapshot: version {d.get('v')!r} is not supported")
         s = Scheduler(
@@ -4571,6 +4613,7 @@ class Scheduler:
             [QueueSpec.from_dict(q) for q in d["queues"]],
             OrgLimits.from_dict(d["org"]),
             [EnvironmentSpec.from_dict(e) for e in d["env_specs"]],
+            incremental=incremental,
         )
         for cd in d["clusters"]:
             c = s.clusters[cd["spec"]["name"]]

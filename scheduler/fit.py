@@ -60,6 +60,7 @@ class ClusterState:
         "known",
         "name",
         "node_names",
+        "now",
         "okey",
         "okey_at",
         "spec",
@@ -77,6 +78,9 @@ class ClusterState:
         self.known = spec.reports_capacity
         self.healthy = True
         self.version = 0
+        # EASY's projections only: the cluster as it is now. Placing at a later time,
+        # nodes that tie under best fit are taken busy-now first (see ``_busy_first``).
+        self.now: ClusterState | None = None
         # The placement order key (``core._order_key``) kept for the free state it was
         # made from: ``version`` if ``known``, else ``-1 - version`` (None: none yet).
         self.okey: tuple[Any, ...] = ()
@@ -119,10 +123,10 @@ class ClusterState:
             else:
                 g.append(i)
         self.groups = groups
-        self.tcpu = sum(self.fcpu)
-        self.tmem = sum(self.fmem)
-        self.teph = sum(self.feph)
-        self.tgpu = sum(self.fgpu)
+        self.tcpu = _total(self.fcpu)
+        self.tmem = _total(self.fmem)
+        self.teph = _total(self.feph)
+        self.tgpu = _total(self.fgpu)
 
     def _key(self, i: int) -> GroupKey:
         return (self.fgpu[i], self.fcpu[i], self.fmem[i], self.feph[i], self.gtype[i])
@@ -149,6 +153,7 @@ class ClusterState:
         c.known = self.known
         c.healthy = self.healthy
         c.version = self.version
+        c.now = None
         c.okey = ()
         c.okey_at = None
         c.node_names = self.node_names
@@ -224,10 +229,10 @@ class ClusterState:
         self.fmem[i] -= dm
         self.feph[i] -= de
         self.fgpu[i] -= dg
-        self.tcpu -= dc
-        self.tmem -= dm
-        self.teph -= de
-        self.tgpu -= dg
+        self.tcpu += _gain(old[1], dc)
+        self.tmem += _gain(old[2], dm)
+        self.teph += _gain(old[3], de)
+        self.tgpu += _gain(old[0], dg)
         new = (self.fgpu[i], self.fcpu[i], self.fmem[i], self.feph[i], self.gtype[i])
         g = self.groups.get(new)
         if g is None:
@@ -281,11 +286,11 @@ class ClusterState:
             else:
                 g.extend(ns)
                 g.sort()
-        k = len(nodes)
-        self.tcpu -= dc * k
-        self.tmem -= dm * k
-        self.teph -= de * k
-        self.tgpu -= dg * k
+            k = len(ns)
+            self.tcpu += _gain(old[1], dc) * k
+            self.tmem += _gain(old[2], dm) * k
+            self.teph += _gain(old[3], de) * k
+            self.tgpu += _gain(old[0], dg) * k
 
     def _apply(self, runs: Runs, nodes: Sequence[int], sign: int) -> None:
         k = 0
@@ -428,6 +433,7 @@ class ClusterState:
         remaining = n
         j = 0
         nc = len(cands)
+        now = self.now
         if limit is not None:
             lg, lc, lm, le = limit.fgpu, limit.fcpu, limit.fmem, limit.feph
         while j < nc and remaining > 0:
@@ -438,8 +444,12 @@ class ClusterState:
                 block.append(cands[j])
                 j += 1
             if len(block) == 1 and limit is None:
-                # Every node of the group holds k: fill them in node order.
+                # Every node of the group holds k: fill them in node order (EASY's
+                # projections: busy-now nodes first).
                 _, _, idxs, k, key = block[0]
+                if now is not None:
+                    busy, idle = _busy_first(now, idxs, key)
+                    idxs = busy + idle
                 full = remaining // k
                 ns = idxs[:full]
                 if ns:
@@ -460,7 +470,11 @@ class ClusterState:
                     out.extend([i] * remaining)
                     remaining = 0
                 continue
-            if len(block) == 1:
+            if now is not None:
+                parts = [(_busy_first(now, idxs, key), k, key) for _, _, idxs, k, key in block]
+                seq = sorted((i, k, key) for (busy, _), k, key in parts for i in busy)
+                seq += sorted((i, k, key) for (_, idle), k, key in parts for i in idle)
+            elif len(block) == 1:
                 _, _, idxs, k0, key = block[0]
                 seq = [(i, k0, key) for i in idxs]
             else:
@@ -512,10 +526,43 @@ class ClusterState:
         else:
             g.extend(nodes)
             g.sort()
-        self.tcpu -= dc * k
-        self.tmem -= dm * k
-        self.teph -= de * k
-        self.tgpu -= dg * k
+        self.tcpu += _gain(old[1], dc) * k
+        self.tmem += _gain(old[2], dm) * k
+        self.teph += _gain(old[3], de) * k
+        self.tgpu += _gain(old[0], dg) * k
+
+
+def _busy_first(now: ClusterState, idxs: list[int], key: GroupKey) -> tuple[list[int], list[int]]:
+    """A projection's group of nodes (free ``key`` each) split for EASY's head, which
+    takes among nodes that tie first those busy now and freed by then (more free in the
+    projection than in ``now``), then those as free now as then, each in node order. What
+    is free now thus stays in the extra, for work that can start now (classic EASY on
+    identical nodes; see simulate.md)."""
+    ng, nc, nm, ne = now.fgpu, now.fcpu, now.fmem, now.feph
+    g, c, m, e = key[0], key[1], key[2], key[3]
+    busy = [i for i in idxs if g > ng[i] or c > nc[i] or m > nm[i] or e > ne[i]]
+    if len(busy) == len(idxs):
+        return busy, []
+    if not busy:
+        return [], idxs
+    taken = set(busy)
+    return busy, [i for i in idxs if i not in taken]
+
+
+def _total(free: Sequence[int]) -> int:
+    """The room of a free vector: an overcommitted node (free below zero, when a capacity
+    report finds less than was admitted there) counts as none, so that a total is never
+    below what one node alone holds and stays an upper bound of what fits."""
+    if not free or min(free) >= 0:
+        return sum(free)
+    return sum(x for x in free if x > 0)
+
+
+def _gain(free: int, taken: int) -> int:
+    """How a total (``_total``) moves when ``taken`` (negative: given back) leaves a node
+    with ``free``: only the part of the node's free above zero counts."""
+    after = free - taken
+    return (after if after > 0 else 0) - (free if free > 0 else 0)
 
 
 def _count(fg: int, fc: int, fm: int, fe: int, p: Pod, n: int) -> int:
@@ -543,7 +590,10 @@ def _count(fg: int, fc: int, fm: int, fe: int, p: Pod, n: int) -> int:
         x = fe // d
         if x < k:
             k = x
-    return k
+    # A node can be overcommitted (free below zero): a capacity report found less than
+    # what was admitted there, e.g. a pod from outside Headway. It holds no copy, and a
+    # negative count must not cancel another node's room in a sum of counts.
+    return k if k > 0 else 0
 
 
 def runs_of(pods: Sequence[Pod]) -> Runs:

@@ -54,6 +54,10 @@ class Reason(StrEnum):
     gone by the reservation (nor fit in EASY's extra)."""
     EnvironmentBusy = "EnvironmentBusy"
     """The warm environment the action runs in is at ``replicas x concurrency``."""
+    SchedulerError = "SchedulerError"
+    """Deciding about this action made the scheduler's pass fail even after the shard
+    rebuilt its state; the action was failed alone so that the rest of the tenant's work
+    goes on. A bug in Headway: the scheduler workflow's log has the error."""
 
 
 SUBMIT_REASONS = (
@@ -102,4 +106,6 @@ _DOCS: dict[Reason, str] = {
     Reason.BackfillWindow: "room exists but is reserved for a blocked head and this would"
     " not finish before it",
     Reason.EnvironmentBusy: "the warm environment is fully busy",
+    Reason.SchedulerError: "deciding about this action failed the scheduler's pass (a bug:"
+    " see the scheduler workflow's log); it was failed alone",
 }

@@ -291,3 +291,40 @@ def test_released_gives_back_every_dimension_a_pod_uses(
         k += n
     assert [list(v) for v in c.released([(runs, nodes)])] == want
     assert (c.fcpu, c.fmem, c.feph, c.fgpu) == before  # the cluster itself is untouched
+
+
+def overcommitted() -> ClusterState:
+    """Two 4-GPU nodes, the second overcommitted by two GPUs: a capacity report found
+    less free than Headway had admitted there (a pod from outside Headway, a node that
+    shrank). Recorded live: ``tests/workflows/histories/scheduler_overcommitted_node.json``."""
+    c = cluster(("g", 2, gpu_node(4)))
+    node = gpu_node(4)
+    short = Pod(cpu=node.cpu, memory=node.memory, gpu=-2, gpu_type="H200")
+    c.set_nodes([node, node], [node, short], ["n0", "n1"])
+    return c
+
+
+def test_an_overcommitted_node_hides_no_other_nodes_room() -> None:
+    # The negative count of the overcommitted node used to cancel node 0's room in the
+    # sum: asking said "fits", taking said "no", and the scheduler's pass asserted.
+    c = overcommitted()
+    assert place(c, pod(1), pod(1), commit=False) is not None
+    assert place(c, pod(1), pod(1)) == [0, 0]
+
+
+def test_an_overcommitted_node_takes_no_pod() -> None:
+    c = overcommitted()
+    assert place(c, *(pod(1) for _ in range(5)), commit=False) is None
+    assert place(c, *(pod(1) for _ in range(4))) == [0, 0, 0, 0]
+    assert free(c)[1][0] == -2
+
+
+def test_free_totals_count_an_overcommitted_node_as_no_room() -> None:
+    c = overcommitted()
+    assert c.tgpu == 4  # not 4 - 2: the totals bound what fits from above
+    c.give(runs_of((pod(1),)), [1])  # a release on the overcommitted node: still none
+    assert (c.fgpu[1], c.tgpu) == (-1, 4)
+    c.give(runs_of((pod(1), pod(1))), [1, 1])
+    assert (c.fgpu[1], c.tgpu) == (1, 5)
+    assert place(c, *(pod(1) for _ in range(5))) == [1, 0, 0, 0, 0]
+    assert c.tgpu == 0

@@ -301,3 +301,30 @@ def test_kth_backfill_beats_strict_on_bounded_slowdown(kth_text: str) -> None:
         assert s["actions"] == 5000
         res[alg] = s["mean_bounded_slowdown"]
     assert res["backfill"] * 10 <= res["strict"], res
+
+
+# The SWF worked examples beside simulate.md: each expect file's rule says how it is run.
+SWF_EXAMPLES = sorted(shared_or_copy("specs/examples", HERE / "examples").glob("*.swf"))
+SWF_RUNS = {"31_easy_extra_busy_nodes_first": ("easy", "requested")}
+
+
+def test_every_swf_example_says_how_it_is_run() -> None:
+    assert SWF_EXAMPLES and {p.stem for p in SWF_EXAMPLES} <= set(SWF_RUNS)
+
+
+@pytest.mark.parametrize("path", SWF_EXAMPLES, ids=lambda p: p.stem)
+def test_swf_worked_example(path: Path) -> None:
+    import json
+
+    algorithm, estimates = SWF_RUNS[path.stem]
+    expect = json.loads(path.with_suffix(".expect.json").read_text())
+    acts = actions(path.read_text(), algorithm, estimates)
+    for job, want in expect["actions"].items():
+        assert {k: acts[job][k] for k in want} == want, job
+
+
+def test_easy_head_takes_the_busy_nodes_so_a_free_node_stays_in_the_extra() -> None:
+    # Example 31 under backfill: job 4 (ends after the reservation) waits for job 3.
+    path = next(p for p in SWF_EXAMPLES if p.stem.startswith("31_"))
+    assert starts(actions(path.read_text(), "backfill"))["4"] == 10
+    assert starts(actions(path.read_text(), "easy"))["4"] == 5

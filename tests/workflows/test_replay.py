@@ -51,6 +51,10 @@ def load(name: str) -> WorkflowHistory:
         "action_cancelled_rev2",
         # ... and a backlog refilled in bites, each next bite by a regular sync activity.
         "scheduler_bites",
+        # ... and a shard whose pass once failed on every task: a capacity report left a
+        # node overcommitted (free GPUs below zero) and fitting disagreed with itself
+        # (recorded live under kill -9 faults; it ends where that task failed).
+        "scheduler_overcommitted_node",
     ],
 )
 async def test_checked_in_histories_replay(name: str) -> None:
