@@ -48,10 +48,10 @@ with workflow.unsafe.imports_passed_through():
     import headway.scheduler.scenario  # noqa: F401  (core imports it lazily)
     from headway import protocol
     from headway.protocol import Admission, CapacityReport
-    from headway.scheduler import Scheduler
+    from headway.scheduler import Admitted, PassError, Scheduler
     from headway.scheduler.insight import explain
     from headway.scheduler.model import ActionSpec, ClusterSpec, OrgLimits, QueueSpec
-    from headway.scheduler.reasons import describe
+    from headway.scheduler.reasons import Reason, describe
     from headway.workflows.shared import (
         DISPATCH_ACTIVITY,
         DONE_CHANNEL,
@@ -97,6 +97,10 @@ REAP_AFTER_S = 900.0
 REAP_BATCH = 500
 #: Continue as new at the latest here, whatever the server suggests.
 MAX_HISTORY = 10_000
+# A pass that fails again on the rebuilt core fails the action it was deciding about and
+# tries again, at most this many times a pass (one bad action's data; more means the bug
+# is not in one action's data, and the next event tries again).
+MAX_FAILED_ACTIONS = 8
 
 
 @dataclass
@@ -166,7 +170,16 @@ class SchedulerWorkflow:
         # Whether the latest pass left work waiting (leases claimed since are undecided,
         # not waiting).
         self._waits = self._waiting()
-        self._stats = {"passes": 0, "syncs": 0, "admitted": 0, "rejected": 0, "dispatches": 0}
+        self._stats = {
+            "passes": 0,
+            "syncs": 0,
+            "admitted": 0,
+            "rejected": 0,
+            "dispatches": 0,
+            # Passes that raised (a bug) and actions failed alone for it: see ``_schedule``.
+            "pass_failures": 0,
+            "actions_failed": 0,
+        }
 
     # --- inbound: signals -----------------------------------------------------------
 
@@ -360,7 +373,7 @@ class SchedulerWorkflow:
                 await self._sync()
             self._claimed = 0
             now = workflow.now().timestamp()
-            admitted = self._core.schedule(now)
+            admitted = self._schedule(now)
             self._waits = self._waiting()
             self._stats["passes"] += 1
             for a in admitted:
@@ -397,6 +410,64 @@ class SchedulerWorkflow:
                     elif workflow.patched("yield-between-refills"):
                         await workflow.sleep(0.001)
                 self._changed = True
+
+    def _schedule(self, now: float) -> list[Admitted]:
+        """The pass, kept from stopping the shard for good when it raises (a bug).
+
+        A workflow task that raises is retried for ever with the same inputs, so one bad
+        pass would stop every action of the tenant. Instead: what the failed pass had
+        admitted is kept (it is applied), the core is rebuilt from its snapshot (ground
+        truth only: nothing remembered) and the pass is tried again on the plain path;
+        if it fails there too while deciding about one action, that action alone is
+        failed (``SchedulerError``) and the pass tried once more. Every failure is
+        logged with its traceback and counted (``stats``: pass_failures, actions_failed).
+        The rebuilt core goes back to the fast path after a pass that succeeds.
+        """
+        try:
+            return self._core.schedule(now)
+        except PassError as e:
+            admitted = list(e.admitted)
+            self._pass_failed(e, "rebuilding the core and retrying on the plain path")
+        for _ in range(MAX_FAILED_ACTIONS + 1):
+            try:
+                self._core = Scheduler.from_snapshot(self._core.to_snapshot(), incremental=False)
+                admitted += self._core.schedule(now)
+                self._core = Scheduler.from_snapshot(self._core.to_snapshot())
+                return admitted
+            except PassError as e:
+                admitted += e.admitted
+                if e.action_id is None:
+                    self._pass_failed(
+                        e, "not deciding about one action: waiting for the next event"
+                    )
+                    break
+                self._pass_failed(e, f"failing action {e.action_id!r} alone")
+                self._fail_action(e.action_id, now)
+            except Exception as e:  # the snapshot itself: keep the core as it is
+                self._pass_failed(e, "the core could not be rebuilt")
+                break
+        return admitted
+
+    def _pass_failed(self, e: BaseException, then: str) -> None:
+        self._stats["pass_failures"] += 1
+        workflow.logger.error(
+            "scheduler pass failed (%s: %s); %s", type(e).__name__, e, then, exc_info=e
+        )
+
+    def _fail_action(self, action_id: str, now: float) -> None:
+        try:
+            self._core.cancel(action_id, now)
+        except Exception as e:  # the action is failed to its workflow all the same
+            self._pass_failed(e, f"cancelling {action_id!r} in the core failed")
+        self._stats["actions_failed"] += 1
+        reason = Reason.SchedulerError
+        self._out_reject.append(
+            RejectItem(
+                self._workflow_id(action_id),
+                Rejection(action_id, str(reason), describe(reason), now),
+            )
+        )
+        self._loop.workflow_ids.pop(action_id, None)
 
     def _has_work(self) -> bool:
         return self._changed or (
