@@ -202,6 +202,11 @@ class CapacityReport:
     ``nodes`` is None when the worker cannot read nodes: capacity unknown ("unknown means
     open"). ``reflected_actions`` names the admitted actions whose pods the report already
     counts, so the scheduler subtracts only the reservations it does not yet reflect.
+
+    ``incarnation`` identifies the worker process that sent it (a new value each start)
+    and ``started_at`` when that process started: a restarted worker numbers its
+    ``sequence`` from 1 again, so the scheduler orders reports by (incarnation start,
+    sequence) and a newer incarnation's reports always win over an older one's.
     """
 
     cluster: str
@@ -209,6 +214,8 @@ class CapacityReport:
     reflected_actions: list[str] = field(default_factory=list)
     sequence: int = 0
     observed_at: float = 0.0
+    incarnation: str = ""
+    started_at: float = 0.0
 
 
 # --- workflow / activity / signal names -------------------------------------------------

@@ -116,6 +116,8 @@ class _Loop:
     workflow_ids: dict[str, str] = field(default_factory=dict)
     capacity_seq: dict[str, int] = field(default_factory=dict)
     capacity: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Per cluster, the worker incarnation whose reports the view holds: [id, started_at].
+    capacity_from: dict[str, list[Any]] = field(default_factory=dict)
 
 
 # Unsandboxed, as ``ActionWorkflow`` (see there): the sandbox's import context around
@@ -132,6 +134,10 @@ class SchedulerWorkflow:
         # handled before run() starts and must find the restored state.
         self._tenant = inp.tenant
         self._fleet = list(inp.fleet)
+        # Whether the fleet is known (given, carried, or learned from the worker in run());
+        # until then reports of clusters not yet registered wait in ``_early_reports``.
+        self._fleet_known = bool(inp.fleet) or bool(inp.carried)
+        self._early_reports: dict[str, CapacityReport] = {}
         self._max_history = inp.max_history
         self._changed = True
         self._nudged: set[str] = set()
@@ -179,6 +185,8 @@ class SchedulerWorkflow:
             # Passes that raised (a bug) and actions failed alone for it: see ``_schedule``.
             "pass_failures": 0,
             "actions_failed": 0,
+            # Capacity reports ignored: stale, or of a cluster outside the fleet.
+            "capacity_ignored": 0,
         }
 
     # --- inbound: signals -----------------------------------------------------------
@@ -191,20 +199,68 @@ class SchedulerWorkflow:
 
     @workflow.signal(name=protocol.CAPACITY_SIGNAL)
     def capacity_report(self, report: CapacityReport) -> None:
-        """A cluster worker's view of its cluster; stale (reordered) reports are ignored."""
+        """A cluster worker's view of its cluster.
+
+        Reports are ordered by the sending worker's incarnation (its start) and then its
+        sequence: a restarted worker numbers from 1 again and its reports win over the
+        old process's; a report older than the view (reordered, or from an older process
+        still alive during a rollout) is ignored with a log line. Only clusters of the
+        tenant's fleet are accepted: a report naming any other cluster is ignored and
+        counted (``stats``: capacity_ignored), or held until the fleet is known when it
+        is still being learned.
+        """
+        if not workflow.patched("registered-clusters-only"):
+            self._capacity_report_v0(report)
+            return
+        if report.cluster not in self._cluster_names():
+            if not self._fleet_known:
+                self._early_reports[report.cluster] = report
+            else:
+                self._ignore_report(report, "the cluster is not in the tenant's fleet")
+            return
+        stale = self._stale(report)
+        if stale:
+            self._ignore_report(report, stale)
+            return
+        self._apply_report(report)
+
+    def _capacity_report_v0(self, report: CapacityReport) -> None:
+        # Histories recorded before "registered-clusters-only" replay through this.
         last = self._loop.capacity_seq.get(report.cluster)
         if report.sequence and last is not None and report.sequence <= last:
             return
         if report.cluster not in self._cluster_names():
             self._core.add_cluster(ClusterSpec(report.cluster))
+        self._apply_report(report)
+
+    def _stale(self, report: CapacityReport) -> str:
+        """Why ``report`` is older than the view of its cluster ("" when it is not)."""
+        held = self._loop.capacity_from.get(report.cluster)
+        if held is not None and report.incarnation != held[0]:
+            if report.started_at < held[1]:
+                return f"from worker {report.incarnation!r}, older than {held[0]!r}"
+            return ""  # a newer incarnation: its sequence starts again
+        last = self._loop.capacity_seq.get(report.cluster)
+        if report.sequence and last is not None and report.sequence <= last:
+            return f"sequence {report.sequence} not above {last}"
+        return ""
+
+    def _ignore_report(self, report: CapacityReport, why: str) -> None:
+        self._stats["capacity_ignored"] += 1
+        workflow.logger.warning("capacity report of %s ignored (%s)", report.cluster, why)
+
+    def _apply_report(self, report: CapacityReport) -> None:
         self._core.report_capacity(report.cluster, report.nodes, report.reflected_actions)
         self._loop.capacity_seq[report.cluster] = report.sequence
+        if report.incarnation:
+            self._loop.capacity_from[report.cluster] = [report.incarnation, report.started_at]
         self._loop.capacity[report.cluster] = {
             "known": report.nodes is not None,
             "nodes": len(report.nodes) if report.nodes is not None else None,
             "free_gpu": sum(n.free_gpu for n in report.nodes) if report.nodes else 0,
             "free_cpu_m": sum(n.free_cpu_m for n in report.nodes) if report.nodes else 0,
             "sequence": report.sequence,
+            "incarnation": report.incarnation,
             "observed_at": report.observed_at,
         }
         self._changed = True
@@ -310,7 +366,7 @@ class SchedulerWorkflow:
 
     @workflow.query(name="fleet")
     def fleet(self) -> dict[str, Any]:
-        """Clusters known from the fleet file and from capacity reports."""
+        """The tenant's fleet, its clusters, and the latest capacity view of each."""
         return {
             "fleet": self._fleet,
             "clusters": sorted(self._cluster_names()),
@@ -363,6 +419,10 @@ class SchedulerWorkflow:
                 if c["name"] not in known:
                     self._core.add_cluster(ClusterSpec.from_dict(c))
             self._changed = True
+        self._fleet_known = True
+        early, self._early_reports = self._early_reports, {}
+        for report in early.values():
+            self.capacity_report(report)
         while True:
             await workflow.wait_condition(self._has_work)
             self._changed = False
@@ -708,6 +768,7 @@ class SchedulerWorkflow:
                 "workflow_ids": dict(self._loop.workflow_ids),
                 "capacity_seq": dict(self._loop.capacity_seq),
                 "capacity": dict(self._loop.capacity),
+                "capacity_from": dict(self._loop.capacity_from),
             },
             "admit": [_admit_dict(a) for a in self._out_admit],
             "reject": [_reject_dict(r) for r in self._out_reject],
