@@ -48,7 +48,13 @@ def _succeeded(result: Any) -> bool:
 @click.option(
     "--estimate", type=click.FloatRange(min=0), default=None, help="Declared runtime (s)."
 )
-@click.option("--id", "action_id", default=None, help="Action id (default: generated).")
+@click.option(
+    "--id",
+    "action_id",
+    default=None,
+    help="Action id (default: generated). An existing id with the same submission is "
+    "answered with that action (exit 0); with a different one, an error.",
+)
 @click.option(
     "--count",
     type=click.IntRange(min=1),
@@ -89,7 +95,14 @@ def submit(
     wait: bool,
     as_json: bool,
 ) -> None:
-    """Enqueue an action (or COUNT copies) and print where to follow it."""
+    """Enqueue an action (or COUNT copies) and print where to follow it.
+
+    Idempotent by --id, like `kubectl apply` of an unchanged object: an id that exists
+    with the same submission starts nothing; it prints "exists ... (unchanged)" with
+    the action's state (and its result if it ended) and exits 0. An id that exists with
+    a different submission (queue, resources, ...) is an error naming the id and the
+    fields that differ; nothing is changed. An id is never run twice: use a new one.
+    """
     cfg = settings(ctx)
     tenant = tenant or cfg.tenant
     try:
@@ -101,27 +114,26 @@ def submit(
     )
     ids = [action_id] if count == 1 else [f"{action_id or task}-{i}" for i in range(count)]
 
-    async def go(client: Client) -> bool:
+    async def go(client: Client) -> tuple[bool, list[str]]:
+        from headway.workflows.client import ActionConflictError
+
         hw = HeadwayClient(client, tenant=tenant)
         actions: list[Action] = []
+        conflicts: list[str] = []
         for one in ids:
-            action = await hw.submit(spec, queue=queue, run=run, id=one, inject=inject)
+            try:
+                action = await hw.submit(spec, queue=queue, run=run, id=one, inject=inject)
+            except ActionConflictError as exc:
+                # The other ids of a --count batch still go in; the exit code says
+                # that one did not.
+                conflicts.append(str(exc))
+                if len(ids) > 1:
+                    click.echo(f"Error: {exc}", err=True)
+                continue
             actions.append(action)
-            if as_json:
-                click.echo(
-                    json.dumps(
-                        {
-                            "id": action.id,
-                            "workflow_id": action.workflow_id,
-                            "queue": queue,
-                            "ui": action.ui_url,
-                        }
-                    )
-                )
-            else:
-                click.echo(f"submitted {action.id} to queue {queue!r}: {action.ui_url}")
+            _report(action, queue, as_json=as_json, waiting=wait)
         if not wait:
-            return True
+            return True, conflicts
         ok = True
         for action in actions:
             result = await action.result()
@@ -131,10 +143,44 @@ def submit(
                 click.echo(json.dumps({"id": action.id, "result": data}, default=str))
             else:
                 click.echo(f"{action.id}: {_describe(data)}")
-        return ok
+        return ok, conflicts
 
-    if not with_client(cfg, go):
+    ok, conflicts = with_client(cfg, go)
+    if conflicts:
+        if len(ids) == 1:
+            raise click.ClickException(conflicts[0])
+        raise click.ClickException(
+            f"{len(conflicts)} of {len(ids)} ids exist with a different submission "
+            "(above); those were left as they are"
+        )
+    if not ok:
         raise click.ClickException("an action did not succeed")
+
+
+def _report(action: Action, queue: str, *, as_json: bool, waiting: bool) -> None:
+    """One line per submission: new, or existing (unchanged) with its state."""
+    ended = _plain(action.ended) if action.ended is not None else None
+    if as_json:
+        line: dict[str, Any] = {
+            "id": action.id,
+            "workflow_id": action.workflow_id,
+            "queue": queue,
+            "ui": action.ui_url,
+            "created": action.created,
+            "state": action.state,
+        }
+        if ended is not None:
+            line["result"] = ended
+        click.echo(json.dumps(line, default=str))
+        return
+    if action.created:
+        click.echo(f"submitted {action.id} to queue {queue!r}: {action.ui_url}")
+        return
+    click.echo(
+        f"exists {action.id} on queue {queue!r} (unchanged, {action.state}): {action.ui_url}"
+    )
+    if ended is not None and not waiting:  # with --wait the result line comes below
+        click.echo(f"{action.id}: {_describe(ended)}")
 
 
 def _describe(data: Any) -> str:

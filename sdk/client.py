@@ -23,10 +23,23 @@ from headway.protocol import DemandRequest, SubmitRequest
 from headway.scheduler.resources import parse_cpu, parse_gpu, parse_memory
 
 if TYPE_CHECKING:
+    from headway.workflows.action import ActionResult
+    from headway.workflows.client import ActionConflictError
     from temporalio.client import Client as TemporalClient
     from temporalio.client import WorkflowHandle
 
-__all__ = ["Action", "Client", "Resources", "Run", "Task"]
+__all__ = ["Action", "ActionConflictError", "Client", "Resources", "Run", "Task"]
+
+
+def __getattr__(name: str) -> Any:
+    # ``ActionConflictError`` lives with the Temporal code that raises it; resolved on
+    # first use so that importing the SDK (and ``headway --help``) stays free of Temporal.
+    if name == "ActionConflictError":
+        from headway.workflows.client import ActionConflictError
+
+        return ActionConflictError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Where the Temporal Web UI is, for the links the SDK and CLI print.
 UI_URL_ENV = "HEADWAY_UI_URL"
@@ -103,12 +116,29 @@ class Task:
 
 
 class Action:
-    """A submitted action: its ids, where to see it, and how to wait for it."""
+    """A submitted action: its ids, where to see it, and how to wait for it.
 
-    def __init__(self, client: Client, request: SubmitRequest, handle: WorkflowHandle[Any, Any]):
+    ``created`` is False when the id existed already with the same submission: this is
+    that action, nothing new was started (``state`` is its state then, and ``ended`` how
+    it ended, if it had).
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        request: SubmitRequest,
+        handle: WorkflowHandle[Any, Any],
+        *,
+        created: bool = True,
+        state: str = "submitting",
+        ended: ActionResult | None = None,
+    ):
         self._client = client
         self.request = request
         self.handle = handle
+        self.created = created
+        self.state = state
+        self.ended = ended
 
     @property
     def id(self) -> str:
@@ -131,14 +161,14 @@ class Action:
         """Wait until the action is over and return its outcome."""
         from headway.workflows import client as hw
 
-        return await hw.wait_result(self.handle)
+        return await hw.wait_result(self.handle, action_id=self.id)
 
     async def why(self) -> Any:
         """Why the action is where it is: its state and the scheduler's reasons."""
         return await self._client.why(self.id)
 
     def __repr__(self) -> str:
-        return f"Action(id={self.id!r}, queue={self.queue!r})"
+        return f"Action(id={self.id!r}, queue={self.queue!r}, created={self.created!r})"
 
 
 class Run:
@@ -234,12 +264,23 @@ class Client:
         id: str | None = None,
         inject: str | None = None,
     ) -> Action:
-        """Enqueue one action of ``task`` on ``queue`` (else the task's, else "default")."""
+        """Enqueue one action of ``task`` on ``queue`` (else the task's, else "default").
+
+        Idempotent by ``id``: submitting an id that exists with the same submission
+        (queue, task, resources, run, image, ...) starts nothing and returns that action,
+        running or ended, with ``created`` False; retrying a submission whose answer was
+        lost is therefore safe. An id is never run twice: to run the same task again,
+        give it a new id.
+
+        Raises:
+            ActionConflictError: the id exists with a different submission; the message
+                names the id and every field that differs. Nothing was changed.
+        """
         from headway.workflows import client as hw
 
         req = self.request(task, queue=queue, run=run, id=id, inject=inject)
-        handle = await hw.submit(self.temporal, req)
-        return Action(self, req, handle)
+        sub = await hw.submit_action(self.temporal, req)
+        return Action(self, req, sub.handle, created=sub.created, state=sub.state, ended=sub.result)
 
     async def why(self, action_id: str) -> Any:
         """Why ``action_id`` is where it is."""
