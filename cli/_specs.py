@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headway.scheduler.model import QueueSpec
+from headway.scheduler.model import QUEUE_KNOBS, KnobKind, QueueSpec
 from headway.scheduler.resources import Quota
 
 __all__ = [
@@ -25,19 +25,8 @@ __all__ = [
     "quota_to_entry",
 ]
 
-#: The fields of a queue in the human notation, in display order.
-QUEUE_FIELDS = (
-    "name",
-    "priority",
-    "algorithm",
-    "run_concurrency",
-    "action_concurrency",
-    "per_run_concurrency",
-    "depth",
-    "max_resources",
-    "clusters",
-    "status",
-)
+#: The fields of a queue in the human notation, in display order (the knob registry's).
+QUEUE_FIELDS = tuple(k.name for k in QUEUE_KNOBS)
 
 
 #: Words that unset a knob on the command line.
@@ -121,15 +110,16 @@ def quota_to_entry(q: Quota | None) -> dict[str, Any] | None:
 
 def queue_to_entry(spec: QueueSpec) -> dict[str, Any]:
     """A :class:`QueueSpec` in the human notation; round-trips with queue_from_entry."""
-    return {
-        "name": spec.name,
-        "priority": spec.priority.name,
-        "algorithm": spec.algorithm.value,
-        "run_concurrency": spec.run_concurrency,
-        "action_concurrency": spec.action_concurrency,
-        "per_run_concurrency": spec.per_run_concurrency,
-        "depth": spec.depth,
-        "max_resources": quota_to_entry(spec.max_resources),
-        "clusters": list(spec.clusters) if spec.clusters is not None else None,
-        "status": spec.status.value,
-    }
+    return {k.name: _HUMAN[k.kind](getattr(spec, k.name)) for k in QUEUE_KNOBS}
+
+
+# Each knob kind in the human notation (quantities in Kubernetes units).
+_HUMAN: dict[KnobKind, Any] = {
+    KnobKind.name: lambda v: v,
+    KnobKind.priority: lambda v: v.name,
+    KnobKind.algorithm: lambda v: v.value,
+    KnobKind.limit: lambda v: v,
+    KnobKind.quota: quota_to_entry,
+    KnobKind.clusters: lambda v: list(v) if v is not None else None,
+    KnobKind.status: lambda v: v.value,
+}

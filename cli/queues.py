@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import yaml
-from headway.scheduler.model import OrgLimits, QueueSpec
+from headway.scheduler.model import LIMIT_KNOBS, QUEUE_KNOBS, Knob, KnobKind, OrgLimits, QueueSpec
 
 from ._common import settings, with_client
 from ._specs import (
@@ -38,30 +38,33 @@ _MAX_FLAGS = {
     "max_gpu": "gpu",
     "max_ephemeral_storage": "ephemeral_storage",
 }
-_LIMIT_FLAGS = ("run_concurrency", "action_concurrency", "per_run_concurrency", "depth")
+_LIMIT_FLAGS = LIMIT_KNOBS
+#: Words on the flags whose value is one of a few (the knob's help lists them).
+_CHOICE_KINDS = (KnobKind.priority, KnobKind.algorithm, KnobKind.status)
+_QUOTA_HELP = {
+    "max_cpu": "Quota on in-flight CPU, e.g. 512 or 500m.",
+    "max_memory": "Quota on in-flight memory, e.g. 4Ti.",
+    "max_gpu": 'Quota on in-flight GPUs, e.g. 16 or "H200:16".',
+    "max_ephemeral_storage": "Quota on in-flight ephemeral storage.",
+}
+
+
+def _knob_options(k: Knob) -> list[Callable[[F], F]]:
+    """The flags of one queue knob (none for the name, which is the argument)."""
+    if k.kind is KnobKind.name:
+        return []
+    if k.kind is KnobKind.quota:
+        return [click.option("--" + f.replace("_", "-"), help=h) for f, h in _QUOTA_HELP.items()]
+    if k.kind is KnobKind.clusters:
+        help_ = "A cluster this queue may dispatch to (repeat; default: any healthy one)."
+        return [click.option("--cluster", "clusters", multiple=True, help=help_)]
+    return [click.option("--" + k.name.replace("_", "-"), help=k.help)]
 
 
 def _queue_options(f: F) -> F:
-    """The policy flags shared by ``create queue`` and ``update queue``."""
-    options = [
-        click.option("--priority", help="critical | high | medium | low | lowest"),
-        click.option("--algorithm", help="strict | greedy | backfill | easy"),
-        click.option("--run-concurrency", help="Runs in flight at once ('unlimited' unsets)."),
-        click.option("--action-concurrency", help="Actions in flight at once."),
-        click.option("--per-run-concurrency", help="Actions of one run in flight at once."),
-        click.option("--depth", help="Actions the queue holds (waiting + running)."),
-        click.option("--max-cpu", help="Quota on in-flight CPU, e.g. 512 or 500m."),
-        click.option("--max-memory", help="Quota on in-flight memory, e.g. 4Ti."),
-        click.option("--max-gpu", help='Quota on in-flight GPUs, e.g. 16 or "H200:16".'),
-        click.option("--max-ephemeral-storage", help="Quota on in-flight ephemeral storage."),
-        click.option(
-            "--cluster",
-            "clusters",
-            multiple=True,
-            help="A cluster this queue may dispatch to (repeat; default: any healthy one).",
-        ),
-        click.option("--status", help="active | draining | drained"),
-    ]
+    """The policy flags shared by ``create queue`` and ``update queue``, one or more per
+    knob of the registry (``QUEUE_KNOBS``), in its order."""
+    options = [o for k in QUEUE_KNOBS for o in _knob_options(k)]
     for option in reversed(options):
         f = option(f)
     return f
@@ -70,7 +73,7 @@ def _queue_options(f: F) -> F:
 def _apply_flags(entry: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
     """The queue ``entry`` (human notation) with the given flags applied."""
     out = dict(entry)
-    for key in ("priority", "algorithm", "status"):
+    for key in (k.name for k in QUEUE_KNOBS if k.kind in _CHOICE_KINDS):
         if flags.get(key) is not None:
             out[key] = flags[key]
     for key in _LIMIT_FLAGS:
@@ -102,7 +105,7 @@ def _checked(entry: Mapping[str, Any], *, from_flags: bool = True) -> QueueSpec:
             # "max_resources.cpu: 'x' is not..." reads best as the flag the user typed.
             for flag, resource in _MAX_FLAGS.items():
                 msg = _reword(msg, f"max_resources.{resource}", flag)
-            for key in (*_LIMIT_FLAGS, "priority", "algorithm", "status", "clusters"):
+            for key in QUEUE_FIELDS:
                 msg = _reword(msg, key, key)
         raise click.BadParameter(msg) from None
 

@@ -44,6 +44,7 @@ from .model import (
     OrgLimits,
     QueueSpec,
     QueueStatus,
+    check_limits,
 )
 from .reasons import Reason
 from .resources import Pod, Usage
@@ -4748,7 +4749,4 @@ def _dec(d: dict[str, int], k: str) -> None:
 def _validate_queue(spec: QueueSpec) -> None:
     if not spec.name or not isinstance(spec.name, str):
         raise ValueError(f"name: {spec.name!r} is not a queue name")
-    for f in ("run_concurrency", "action_concurrency", "per_run_concurrency", "depth"):
-        v = getattr(spec, f)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise ValueError(f"{f}: {v!r} must be a non-negative integer")
+    check_limits(spec)

@@ -15,17 +15,22 @@ from typing import Any
 from .resources import Pod, Quota
 
 __all__ = [
+    "LIMIT_KNOBS",
+    "QUEUE_KNOBS",
     "ActionSpec",
     "Algorithm",
     "ClusterSpec",
     "DemandKind",
     "EnvironmentSpec",
+    "Knob",
+    "KnobKind",
     "NodeGroup",
     "OrgLimits",
     "Priority",
     "QueueSpec",
     "QueueStatus",
     "RateLimit",
+    "check_limits",
     "ray_demand",
     "replicas_demand",
     "spark_demand",
@@ -76,7 +81,10 @@ class DemandKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
-    """A named backlog with a policy attached. Absent knobs (None) are unlimited."""
+    """A named backlog with a policy attached. Absent knobs (None) are unlimited.
+
+    Every field is a knob of :data:`QUEUE_KNOBS`, which is where a new one starts.
+    """
 
     name: str
     priority: Priority = Priority.medium
@@ -93,35 +101,133 @@ class QueueSpec:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "priority": self.priority.name,
-            "algorithm": self.algorithm.value,
-            "run_concurrency": self.run_concurrency,
-            "action_concurrency": self.action_concurrency,
-            "per_run_concurrency": self.per_run_concurrency,
-            "depth": self.depth,
-            "max_resources": self.max_resources.to_dict() if self.max_resources else None,
-            "clusters": list(self.clusters) if self.clusters is not None else None,
-            "status": self.status.value,
-        }
+        return {k.name: _TO_JSON[k.kind](getattr(self, k.name)) for k in QUEUE_KNOBS}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> QueueSpec:
-        mr = d.get("max_resources")
-        cl = d.get("clusters")
-        return QueueSpec(
-            name=d["name"],
-            priority=Priority.parse(d.get("priority", "medium")),
-            algorithm=Algorithm(d.get("algorithm", "backfill")),
-            run_concurrency=d.get("run_concurrency"),
-            action_concurrency=d.get("action_concurrency"),
-            per_run_concurrency=d.get("per_run_concurrency"),
-            depth=d.get("depth"),
-            max_resources=Quota.from_dict(mr) if mr else None,
-            clusters=tuple(cl) if cl is not None else None,
-            status=QueueStatus(d.get("status", "active")),
-        )
+        fields = {k.name: _FROM_JSON[k.kind](d[k.name]) for k in QUEUE_KNOBS if k.name in d}
+        return QueueSpec(**fields)
+
+
+class KnobKind(StrEnum):
+    """A knob's type: how it is carried, parsed and shown (one codec per kind)."""
+
+    name = "name"
+    priority = "priority"
+    algorithm = "algorithm"
+    limit = "limit"  # a non-negative count, None unlimited
+    quota = "quota"  # max_resources: per-resource caps
+    clusters = "clusters"  # a selector: cluster names, None any
+    status = "status"
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One queue knob: its name (the ``QueueSpec`` field, the file key, the CLI flag
+    ``--name-with-dashes``), its kind, a line of help, and what in the policy reads it."""
+
+    name: str
+    kind: KnobKind
+    help: str
+    reads: str
+
+
+#: The queue's knobs, in display order: the one list from which ``QueueSpec``'s
+#: JSON form, the scenario schema, the workflow's validation and the CLI's flags and
+#: tables are derived (tests/scheduler/test_knobs.py keeps a new field from escaping it).
+QUEUE_KNOBS: tuple[Knob, ...] = (
+    Knob("name", KnobKind.name, "The queue's name.", "everything: the queue's identity"),
+    Knob(
+        "priority",
+        KnobKind.priority,
+        "critical | high | medium | low | lowest",
+        "ordering: queues are visited by priority, never preempting",
+    ),
+    Knob(
+        "algorithm",
+        KnobKind.algorithm,
+        "strict | greedy | backfill | easy",
+        "a head that does not fit: hold (strict), skip (greedy), reserve (backfill, easy)",
+    ),
+    Knob(
+        "run_concurrency",
+        KnobKind.limit,
+        "Runs in flight at once ('unlimited' unsets).",
+        "gate RunConcurrency",
+    ),
+    Knob(
+        "action_concurrency",
+        KnobKind.limit,
+        "Actions in flight at once.",
+        "gate ActionConcurrency",
+    ),
+    Knob(
+        "per_run_concurrency",
+        KnobKind.limit,
+        "Actions of one run in flight at once.",
+        "gate PerRunConcurrency",
+    ),
+    Knob(
+        "depth",
+        KnobKind.limit,
+        "Actions the queue holds (waiting + running).",
+        "submission: QueueDepthExceeded",
+    ),
+    Knob(
+        "max_resources",
+        KnobKind.quota,
+        "Quota on in-flight resources (cpu, memory, gpu, ephemeral_storage).",
+        "gate MaxResources; submission: Unschedulable when a demand can never fit",
+    ),
+    Knob(
+        "clusters",
+        KnobKind.clusters,
+        "Clusters this queue may dispatch to (default: any healthy one).",
+        "placement: the eligible clusters",
+    ),
+    Knob(
+        "status",
+        KnobKind.status,
+        "active | draining | drained",
+        "submission: QueueDraining; dispatch stops when drained",
+    ),
+)
+
+#: The knobs of kind ``limit`` (counts, None unlimited), by name.
+LIMIT_KNOBS: tuple[str, ...] = tuple(k.name for k in QUEUE_KNOBS if k.kind is KnobKind.limit)
+
+
+def _ident(v: Any) -> Any:
+    return v
+
+
+# The JSON form of each kind (what continue-as-new carries and the workflow's updates take).
+_TO_JSON: dict[KnobKind, Any] = {
+    KnobKind.name: _ident,
+    KnobKind.priority: lambda v: v.name,
+    KnobKind.algorithm: lambda v: v.value,
+    KnobKind.limit: _ident,
+    KnobKind.quota: lambda v: v.to_dict() if v else None,
+    KnobKind.clusters: lambda v: list(v) if v is not None else None,
+    KnobKind.status: lambda v: v.value,
+}
+_FROM_JSON: dict[KnobKind, Any] = {
+    KnobKind.name: _ident,
+    KnobKind.priority: Priority.parse,
+    KnobKind.algorithm: Algorithm,
+    KnobKind.limit: _ident,
+    KnobKind.quota: lambda v: Quota.from_dict(v) if v else None,
+    KnobKind.clusters: lambda v: tuple(v) if v is not None else None,
+    KnobKind.status: QueueStatus,
+}
+
+
+def check_limits(spec: QueueSpec) -> None:
+    """Raise ValueError naming the knob when a limit is not a non-negative integer."""
+    for f in LIMIT_KNOBS:
+        v = getattr(spec, f)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ValueError(f"{f}: {v!r} must be a non-negative integer")
 
 
 @dataclass(frozen=True, slots=True)

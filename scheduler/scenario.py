@@ -17,6 +17,8 @@ from typing import Any
 import yaml
 
 from .model import (
+    LIMIT_KNOBS,
+    QUEUE_KNOBS,
     ActionSpec,
     Algorithm,
     ClusterSpec,
@@ -255,16 +257,7 @@ def _clusters(ctx: _Ctx, v: Any, path: str, line: int | None) -> list[ClusterSpe
     return out
 
 
-_QUEUE_KNOBS = ("run_concurrency", "action_concurrency", "per_run_concurrency", "depth")
-_QUEUE_FIELDS = {
-    "name",
-    "priority",
-    "algorithm",
-    *_QUEUE_KNOBS,
-    "max_resources",
-    "clusters",
-    "status",
-}
+_QUEUE_FIELDS = {k.name for k in QUEUE_KNOBS}
 
 
 def _queue_fields(ctx: _Ctx, m: _Map, p: str, clusters: set[str] | None) -> dict[str, Any]:
@@ -288,7 +281,7 @@ def _queue_fields(ctx: _Ctx, m: _Map, p: str, clusters: set[str] | None) -> dict
                     line, f"{p}.status", f"{v!r} is not one of active, draining, drained"
                 )
             out[k] = QueueStatus(v)
-        elif k in _QUEUE_KNOBS:
+        elif k in LIMIT_KNOBS:
             out[k] = ctx.count(m, k, p, 0)
         elif k == "max_resources":
             out[k] = (

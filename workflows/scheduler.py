@@ -50,7 +50,13 @@ with workflow.unsafe.imports_passed_through():
     from headway.protocol import Admission, CapacityReport
     from headway.scheduler import Admitted, PassError, Scheduler
     from headway.scheduler.insight import explain
-    from headway.scheduler.model import ActionSpec, ClusterSpec, OrgLimits, QueueSpec
+    from headway.scheduler.model import (
+        ActionSpec,
+        ClusterSpec,
+        OrgLimits,
+        QueueSpec,
+        check_limits,
+    )
     from headway.scheduler.reasons import Reason, describe
     from headway.workflows.shared import (
         DISPATCH_ACTIVITY,
@@ -451,10 +457,16 @@ class SchedulerWorkflow:
                     )
                 )
             self._stats["admitted"] += len(admitted)
-            self._launch_dispatches()
+            cont = self._should_continue_as_new()
+            # The task that continues as new may not complete: a signal arriving while it
+            # runs makes the server reject its completion (UnhandledCommand) and the task
+            # runs again, its pass recomputed. A local dispatch in it would have delivered
+            # the first pass's admissions already; a regular one is only a command.
+            remote = cont and workflow.patched("no-local-dispatch-when-continuing")
+            self._launch_dispatches(local_ok=not remote)
             self._maybe_reap(now)
             self._arm_timer(now)
-            if self._should_continue_as_new():
+            if cont:
                 await self._drain_and_continue_as_new(inp)
             if self._sync_needed():
                 # Local activities chained in one workflow task hold back its commands
@@ -490,7 +502,7 @@ class SchedulerWorkflow:
             self._pass_failed(e, "rebuilding the core and retrying on the plain path")
         for _ in range(MAX_FAILED_ACTIONS + 1):
             try:
-                self._core = Scheduler.from_snapshot(self._core.to_snapshot(), incremental=False)
+                self._core = self._rebuilt(admitted, now)
                 admitted += self._core.schedule(now)
                 self._core = Scheduler.from_snapshot(self._core.to_snapshot())
                 return admitted
@@ -508,6 +520,33 @@ class SchedulerWorkflow:
                 break
         return admitted
 
+    def _rebuilt(self, admitted: list[Admitted], now: float) -> Scheduler:
+        """The core rebuilt from its snapshot (ground truth only), on the plain path.
+
+        The core records an admission in a few steps; a pass that raised between them
+        leaves an action marked running that no one dispatches, holding its room for
+        ever. Such an action started at ``now`` and is neither among this pass's
+        admissions nor among those dispatched before (``running_since``): it is dropped
+        from the snapshot and failed alone. Room its placement may have taken on a node
+        comes back with its cluster's next capacity report (the worker reports on every
+        change and every 30 s), which counts only the pods that exist.
+        """
+        snap = self._core.to_snapshot()
+        told = {a.action_id for a in admitted}
+        half = {
+            r[0][0]
+            for r in snap["running"]
+            if r[3] == now and r[0][0] not in told and r[0][0] not in self._loop.running_since
+        }
+        if half:
+            snap["running"] = [r for r in snap["running"] if r[0][0] not in half]
+            snap["waiting"] = [r for r in snap["waiting"] if r[0] not in half]
+        core = Scheduler.from_snapshot(snap, incremental=False)
+        for action_id in sorted(half):
+            workflow.logger.error("action %r was half admitted by a failed pass", action_id)
+            self._reject_failed(action_id, now)
+        return core
+
     def _pass_failed(self, e: BaseException, then: str) -> None:
         self._stats["pass_failures"] += 1
         workflow.logger.error(
@@ -519,6 +558,9 @@ class SchedulerWorkflow:
             self._core.cancel(action_id, now)
         except Exception as e:  # the action is failed to its workflow all the same
             self._pass_failed(e, f"cancelling {action_id!r} in the core failed")
+        self._reject_failed(action_id, now)
+
+    def _reject_failed(self, action_id: str, now: float) -> None:
         self._stats["actions_failed"] += 1
         reason = Reason.SchedulerError
         self._out_reject.append(
@@ -615,6 +657,11 @@ class SchedulerWorkflow:
             wf = d.get("workflow_id") or ""
             if wf and wf != protocol.action_workflow_id(self._tenant, spec.id):
                 self._loop.workflow_ids[spec.id] = wf
+            if spec.id in self._core.actions:
+                # Delivered again (a claim retried after a lost task): it is already
+                # here, waiting or running; submitting twice would raise on every retry.
+                workflow.logger.warning("lease of %r delivered again: kept once", spec.id)
+                continue
             rejected = self._core.submit(spec, now)
             if rejected is not None:
                 self._stats["rejected"] += 1
@@ -824,10 +871,7 @@ def _parse_queue(spec: Any) -> QueueSpec:
         q = QueueSpec.from_dict(spec)
     except (KeyError, TypeError) as err:
         raise ValueError(f"queue {spec.get('name')!r}: {err}") from err
-    for f in ("run_concurrency", "action_concurrency", "per_run_concurrency", "depth"):
-        v = getattr(q, f)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise ValueError(f"{f}: {v!r} must be a non-negative integer")
+    check_limits(q)
     return q
 
 
