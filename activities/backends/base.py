@@ -12,24 +12,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
+import logging
+import os
 import re
 from collections.abc import AsyncIterator, Iterator
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
-from headway.protocol import ActionEvent, CapacityReport, DispatchRequest
+from headway.protocol import ActionEvent, ActionEventKind, CapacityReport, DispatchRequest, PodSpec
 
 __all__ = [
     "ACTION_ANNOTATION",
     "ACTION_LABEL",
+    "DISPATCH_ANNOTATION",
+    "POD_LOG_ENV",
     "ROLE_LABEL",
     "TENANT_LABEL",
+    "WORKFLOW_ANNOTATION",
     "ChangeSignal",
     "ClusterBackend",
     "EventHub",
+    "HeadwayPods",
+    "PodLog",
+    "PodRecord",
     "label_value",
     "pod_name",
     "sanitize_dns1123",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Label selecting every pod Headway created (value: the sanitized action id).
 ACTION_LABEL = "headway.io/action"
@@ -38,6 +50,14 @@ ROLE_LABEL = "headway.io/role"
 #: Label values are capped at 63 characters of a narrow alphabet; the annotation keeps the
 #: action id verbatim so events map back to the exact id the control plane knows.
 ACTION_ANNOTATION = "headway.io/action-id"
+#: Which dispatch (one ``run_action`` activity, all its attempts) created the pod: a retry
+#: adopts only its own dispatch's pods, and a new dispatch replaces a stale one's.
+DISPATCH_ANNOTATION = "headway.io/dispatch"
+#: The action workflow's id, verbatim, so a worker can ask Temporal whether the action
+#: has ended (labels are sanitized; deriving the id from them could name another one).
+WORKFLOW_ANNOTATION = "headway.io/workflow-id"
+#: Environment variable naming the pod log (see the module docstring).
+POD_LOG_ENV = "HEADWAY_POD_LOG"
 
 _DNS_MAX = 63
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
@@ -130,6 +150,146 @@ class EventHub:
                 yield await queue.get()
 
 
+@dataclass
+class PodRecord:
+    """What the cluster remembers of one pod a dispatch created.
+
+    ``outcome`` is the pod's terminal kind once it ended (kept after the pod is deleted
+    where the backend can keep it), else None.
+    """
+
+    name: str
+    node: str | None = None
+    outcome: ActionEventKind | None = None
+
+
+@dataclass(frozen=True)
+class HeadwayPods:
+    """One action that has Headway pods (or records) on the cluster, for garbage
+    collection: whose workflow to ask, and where its pods live. ``exact`` is False when
+    the workflow id had to be derived (a sanitized label may name another workflow)."""
+
+    action_id: str
+    workflow_id: str
+    namespace: str
+    exact: bool = True
+
+
+class PodLog:
+    """The append-only audit file of pod events (format in the module docstring).
+
+    Args:
+        path: The file; created when missing.
+        cluster: The cluster whose lines this writer appends (and reads back to skip
+            lines an earlier incarnation already wrote).
+    """
+
+    def __init__(self, path: str, cluster: str) -> None:
+        self.path = path
+        self.cluster = cluster
+        self.incarnation = ""
+        self._seen: set[tuple[str, str, str]] = set()
+        # Pods earlier incarnations logged as created or bound but never as ended.
+        self._unended: dict[tuple[str, str], dict[str, Any]] = {}
+        self._fd: int | None = None
+
+    @classmethod
+    def from_env(cls, cluster: str, path: str | None = None) -> PodLog | None:
+        """The pod log named by ``path`` or else ``$HEADWAY_POD_LOG``; None when neither."""
+        chosen = path if path is not None else os.environ.get(POD_LOG_ENV) or None
+        return cls(chosen, cluster) if chosen else None
+
+    def open(self) -> None:
+        """Open for appending and read back what this cluster's earlier lines recorded."""
+        if self._fd is not None:
+            return
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        tail = b""
+        with open(self.path, "rb") as fh:
+            for raw in fh:
+                tail = raw
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    continue  # a partial line left by a kill in the middle of a write
+                if isinstance(line, dict) and line.get("cluster") == self.cluster:
+                    dispatch, pod = str(line.get("dispatch", "")), str(line.get("pod"))
+                    event = str(line.get("event"))
+                    self._seen.add((dispatch, pod, event))
+                    if event == "ended":
+                        self._unended.pop((dispatch, pod), None)
+                    else:
+                        self._unended[(dispatch, pod)] = line
+        if tail and not tail.endswith(b"\n"):
+            # Start a fresh line after a partial one, so the next line parses.
+            os.write(self._fd, b"\n")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def unended_before(self) -> list[dict[str, Any]]:
+        """Lines (the latest of each pod) of pods that earlier incarnations logged as
+        created or bound and never as ended, as read at :meth:`open`."""
+        return [
+            line
+            for (dispatch, pod), line in self._unended.items()
+            if (dispatch, pod, "ended") not in self._seen
+        ]
+
+    def logged(self, dispatch: str, pod: str, event: str) -> bool:
+        """Whether this line was written already (by any incarnation)."""
+        return (dispatch, pod, event) in self._seen
+
+    def append(
+        self,
+        event: str,
+        *,
+        t: float,
+        action: str,
+        pod: str,
+        node: str | None,
+        spec: PodSpec,
+        dispatch: str,
+        outcome: str | None = None,
+    ) -> bool:
+        """Append one line (flushed and fsync'd) unless it was written before.
+
+        Returns:
+            Whether a line was written.
+        """
+        key = (dispatch, pod, event)
+        if key in self._seen:
+            return False
+        self.open()
+        assert self._fd is not None
+        line = {
+            "t": t,
+            "cluster": self.cluster,
+            "action": action,
+            "pod": pod,
+            "node": node,
+            "event": event,
+            "cpu_m": spec.cpu_m,
+            "mem": spec.memory,
+            "gpu": spec.gpu,
+            "outcome": outcome,
+            "incarnation": self.incarnation,
+            "dispatch": dispatch,
+        }
+        data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
+        try:
+            os.write(self._fd, data)  # one write on O_APPEND: lines of writers never mix
+            os.fsync(self._fd)
+        except OSError as exc:
+            # The audit trail must not take the cluster worker down with it.
+            log.error("pod log %s: cannot append: %s", self.path, exc)
+            return False
+        self._seen.add(key)
+        return True
+
+
 @runtime_checkable
 class ClusterBackend(Protocol):
     """How the cluster activities reach one cluster.
@@ -140,6 +300,9 @@ class ClusterBackend(Protocol):
 
     #: The cluster's name, as the control plane knows it.
     name: str
+    #: The id of the worker process running it (stamped on pod log lines); the worker
+    #: sets it before :meth:`start`.
+    incarnation: str
 
     async def start(self) -> None:
         """Begin watching the cluster (informers); called once by the worker."""
@@ -149,8 +312,41 @@ class ClusterBackend(Protocol):
         """Stop watching and release connections."""
         ...
 
-    async def create_pods(self, req: DispatchRequest) -> list[str]:
-        """Create the action's pods, adopting any that already exist; return all names."""
+    async def create_pods(
+        self, req: DispatchRequest, *, dispatch: str = "", adopt_only: bool = False
+    ) -> list[str]:
+        """Create the action's pods, adopting any that already exist; return all names.
+
+        Args:
+            req: The admitted action.
+            dispatch: The dispatch creating them (recorded on each pod); a pod of the same
+                name left by another dispatch is replaced, one of this dispatch adopted.
+                Empty: adopt whatever exists by name.
+            adopt_only: Create nothing: an earlier attempt of this dispatch created the
+                pods, so whatever is missing was lost, not never made.
+        """
+        ...
+
+    async def dispatch_record(self, action_id: str, dispatch: str) -> dict[str, PodRecord]:
+        """The pods the cluster knows ``dispatch`` created (name -> record); empty when
+        it knows of none. Durable where the backend can keep it."""
+        ...
+
+    async def live_pods(self, action_id: str, dispatch: str = "") -> dict[str, str | None]:
+        """The action's pods that exist now (name -> node, None while pending), read
+        authoritatively; only ``dispatch``'s own when given."""
+        ...
+
+    async def node_exists(self, node: str) -> bool | None:
+        """Whether ``node`` is part of the cluster now; None when unknown."""
+        ...
+
+    async def headway_pods(self) -> list[HeadwayPods]:
+        """Every action with Headway pods (or records) on the cluster, for cleanup."""
+        ...
+
+    def forget(self, action_id: str) -> None:
+        """Drop what the backend remembers of an ended action (after its pods are gone)."""
         ...
 
     async def delete_pods(self, action_id: str, namespace: str = "default") -> int:

@@ -10,6 +10,15 @@ seconds; the same picture yields the capacity report.
 
 The official client is synchronous: calls run in threads (``asyncio.to_thread``) and each
 informer owns a thread that hands what it sees to the event loop.
+
+Exactly once: every pod carries the dispatch that created it (``headway.io/dispatch``:
+the ``run_action`` activity, all of its attempts). A retried attempt asks the API server
+(a LIST, not the informer's picture) which of its dispatch's pods exist and creates
+nothing (``adopt_only``); what is missing was lost, and the activity reports it. A pod
+of the same name left by an earlier dispatch of the action is deleted and created anew.
+The pod log (``HEADWAY_POD_LOG``, format in ``headway.activities.backends.base``) gets
+"created" when this backend's POST created a pod, and "bound"/"ended" when the informer
+sees a pod take a node or stop holding it (finished, or deleted).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from headway.protocol import (
     GangKind,
     NodeCapacity,
     PodSpec,
+    action_workflow_id,
 )
 from headway.scheduler.resources import QuantityError, parse_cpu, parse_memory
 from kubernetes import client as k8s
@@ -44,10 +54,15 @@ from kubernetes.watch.watch import iter_resp_lines
 from .base import (
     ACTION_ANNOTATION,
     ACTION_LABEL,
+    DISPATCH_ANNOTATION,
     ROLE_LABEL,
     TENANT_LABEL,
+    WORKFLOW_ANNOTATION,
     ChangeSignal,
     EventHub,
+    HeadwayPods,
+    PodLog,
+    PodRecord,
     label_value,
     pod_name,
     sanitize_dns1123,
@@ -146,13 +161,18 @@ def needs_service(req: DispatchRequest) -> bool:
 
 
 def build_pods(
-    req: DispatchRequest, namespace: str, gpu_node_label: str = DEFAULT_GPU_NODE_LABEL
+    req: DispatchRequest,
+    namespace: str,
+    gpu_node_label: str = DEFAULT_GPU_NODE_LABEL,
+    *,
+    dispatch: str = "",
 ) -> list[dict[str, Any]]:
     """The Pod manifests of one action (plain dicts, as sent to the API server).
 
     Requests equal limits (Guaranteed QoS: what admission counted is what the pod gets),
     GPUs are ``nvidia.com/gpu`` and a GPU type becomes a node selector on
-    ``gpu_node_label``.
+    ``gpu_node_label``. Annotations carry the action id, its workflow id and the
+    ``dispatch`` creating the pod, verbatim.
     """
     gang = _gang_env(req, namespace)
     svc = service_name(req.action_id) if needs_service(req) else None
@@ -178,6 +198,9 @@ def build_pods(
             spec["subdomain"] = svc
         if p.gpu and p.gpu_type:
             spec["nodeSelector"] = {gpu_node_label: p.gpu_type}
+        annotations = {ACTION_ANNOTATION: req.action_id, WORKFLOW_ANNOTATION: req.workflow_id}
+        if dispatch:
+            annotations[DISPATCH_ANNOTATION] = dispatch
         out.append(
             {
                 "apiVersion": "v1",
@@ -190,7 +213,7 @@ def build_pods(
                         TENANT_LABEL: label_value(req.tenant),
                         ROLE_LABEL: label_value(p.role),
                     },
-                    "annotations": {ACTION_ANNOTATION: req.action_id},
+                    "annotations": annotations,
                 },
                 "spec": spec,
             }
@@ -337,6 +360,19 @@ def _action_of(pod: dict[str, Any]) -> str | None:
         return str(annotated)
     labelled = (meta.get("labels") or {}).get(ACTION_LABEL)
     return str(labelled) if labelled else None
+
+
+def _dispatch_of(pod: dict[str, Any]) -> str:
+    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(DISPATCH_ANNOTATION, ""))
+
+
+def _requests_spec(pod: dict[str, Any]) -> PodSpec:
+    cpu, memory, eph, gpu = pod_requests(pod)
+    return PodSpec(role="", index=0, cpu_m=cpu, memory=memory, ephemeral_storage=eph, gpu=gpu)
+
+
+def _uid(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:
@@ -492,6 +528,9 @@ class KubernetesBackend:
         watch_timeout_s: Server-side watch timeout; watches are renewed after it.
         sync_timeout_s: How long ``create_pods`` waits for the first pod list, so an
             adopted gang's current state is known.
+        pod_log: The pod log file; None reads ``$HEADWAY_POD_LOG`` (unset: no log).
+        stale_timeout_s: How long to wait for a stale pod (another dispatch's, same
+            name) to be gone before creating this dispatch's.
     """
 
     def __init__(
@@ -508,8 +547,13 @@ class KubernetesBackend:
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 30.0,
         clock: Callable[[], float] = time.time,
+        pod_log: str | None = None,
+        stale_timeout_s: float = 30.0,
     ) -> None:
         self.name = name
+        self.incarnation = ""
+        self.stale_timeout_s = stale_timeout_s
+        self._pod_log = PodLog.from_env(name, pod_log)
         self.namespace = namespace
         self.gpu_node_label = gpu_node_label
         self.watch_timeout_s = watch_timeout_s
@@ -532,6 +576,8 @@ class KubernetesBackend:
         self._all_pods_known = False
         self._last: dict[tuple[str, str], ActionEvent] = {}
         self._deleting: set[str] = set()
+        # Pods replaced by a newer dispatch's pod of the same name: never reported.
+        self._stale_uids: set[str] = set()
         self._pods_synced = asyncio.Event()
         self.informers: dict[str, Informer] = {}
 
@@ -560,6 +606,9 @@ class KubernetesBackend:
 
     async def start(self) -> None:
         """Start the pod, all-pods and node informers."""
+        if self._pod_log is not None:
+            self._pod_log.incarnation = self.incarnation
+            await asyncio.to_thread(self._pod_log.open)
         api = await asyncio.to_thread(lambda: self.api)
         loop = asyncio.get_running_loop()
         selector = ACTION_LABEL
@@ -605,29 +654,105 @@ class KubernetesBackend:
         if self._api_client is not None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self._api_client.close)
+        if self._pod_log is not None:
+            self._pod_log.close()
 
     # --- pods ---------------------------------------------------------------------------
 
     def _ns(self, requested: str) -> str:
         return self.namespace or requested or "default"
 
-    async def create_pods(self, req: DispatchRequest) -> list[str]:
-        """Create the gang (and its headless Service); 409 Conflict adopts the existing."""
+    async def create_pods(
+        self, req: DispatchRequest, *, dispatch: str = "", adopt_only: bool = False
+    ) -> list[str]:
+        """Create the gang (and its headless Service); 409 Conflict adopts the existing.
+
+        A pod that exists under another ``dispatch`` is stale: it is deleted and this
+        dispatch's created. With ``adopt_only`` nothing is sent to the API server.
+        """
         ns = self._ns(req.namespace)
         self._deleting.discard(req.action_id)
-        if needs_service(req):
-            await self._create(
-                lambda body: self.api.create_namespaced_service(ns, _any(body)),
-                build_service(req, ns),
-            )
-        names = []
-        for body in build_pods(req, ns, self.gpu_node_label):
-            names.append(body["metadata"]["name"])
-            await self._create(lambda b: self.api.create_namespaced_pod(ns, _any(b)), body)
+        names = [pod_name(req.action_id, p.role, p.index) for p in req.pods]
+        if not adopt_only:
+            if needs_service(req):
+                await self._create(
+                    lambda body: self.api.create_namespaced_service(ns, _any(body)),
+                    build_service(req, ns),
+                )
+            bodies = build_pods(req, ns, self.gpu_node_label, dispatch=dispatch)
+            for spec, body in zip(req.pods, bodies, strict=True):
+                await self._create_pod(ns, body, spec, dispatch)
         # Adoption relies on the informer's picture: make sure it has been listed once.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._pods_synced.wait(), self.sync_timeout_s)
         return names
+
+    async def _create_pod(
+        self, ns: str, body: dict[str, Any], spec: PodSpec, dispatch: str
+    ) -> None:
+        name = body["metadata"]["name"]
+        action = body["metadata"]["annotations"][ACTION_ANNOTATION]
+        for _ in range(2):
+            try:
+                await asyncio.to_thread(self.api.create_namespaced_pod, ns, _any(body))
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            else:
+                if self._pod_log is not None:
+                    self._pod_log.append(
+                        "created",
+                        t=self.clock(),
+                        action=action,
+                        pod=name,
+                        node=None,
+                        spec=spec,
+                        dispatch=dispatch,
+                    )
+                return
+            existing = await self._read_pod(ns, name)
+            theirs = _dispatch_of(existing) if existing is not None else ""
+            if existing is not None and not (dispatch and theirs and theirs != dispatch):
+                log.info("adopting existing Pod %s", name)
+                return
+            if existing is not None:
+                # Left by an earlier dispatch of the action, which is over: not ours to
+                # adopt. Replace it, and let nothing it reports (its old outcome, its
+                # deletion) pass for the new pod of the same name.
+                self._stale_uids.add(_uid(existing))
+                self._last.pop((ns, name), None)
+                log.warning(
+                    "pod %s belongs to dispatch %s, not %s: replacing", name, theirs, dispatch
+                )
+                with contextlib.suppress(ApiException):
+                    await asyncio.to_thread(
+                        self.api.delete_namespaced_pod, name, ns, grace_period_seconds=0
+                    )
+                await self._wait_gone(ns, name)
+        raise RuntimeError(f"pod {ns}/{name}: a stale pod of another dispatch keeps coming back")
+
+    async def _read_pod(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            resp: Any = await asyncio.to_thread(
+                self.api.read_namespaced_pod, name, ns, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        pod: dict[str, Any] = json.loads(resp.data)
+        return pod
+
+    async def _wait_gone(self, ns: str, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.stale_timeout_s
+        while await self._read_pod(ns, name) is not None:
+            if loop.time() >= deadline:
+                raise TimeoutError(
+                    f"pod {ns}/{name} of an earlier dispatch still exists after"
+                    f" {self.stale_timeout_s:g} s"
+                )
+            await asyncio.sleep(0.1)
 
     @staticmethod
     async def _create(fn: Callable[[dict[str, Any]], Any], body: dict[str, Any]) -> None:
@@ -639,20 +764,17 @@ class KubernetesBackend:
             log.info("adopting existing %s %s", body["kind"], body["metadata"]["name"])
 
     async def delete_pods(self, action_id: str, namespace: str = "default") -> int:
-        """Delete the action's pods and Service (404s are fine: idempotent)."""
+        """Delete the action's pods and Service (404s are fine: idempotent).
+
+        Every pod is tried even when one delete fails; the first failure is raised after
+        (the caller retries, and finds only what is left).
+        """
         ns = self._ns(namespace)
         self._deleting.add(action_id)
-        resp: Any = await asyncio.to_thread(
-            self.api.list_namespaced_pod,
-            ns,
-            label_selector=f"{ACTION_LABEL}={label_value(action_id)}",
-            _preload_content=False,
-        )
-        items = json.loads(resp.data).get("items") or []
+        items = await self._list_action_pods(action_id, ns)
         deleted = 0
+        failure: ApiException | None = None
         for pod in items:
-            if _action_of(pod) != action_id:
-                continue  # a label-value collision after sanitizing: not ours
             name = pod["metadata"]["name"]
             try:
                 await asyncio.to_thread(
@@ -661,13 +783,95 @@ class KubernetesBackend:
                 deleted += 1
             except ApiException as exc:
                 if exc.status != 404:
-                    raise
+                    failure = failure or exc
         try:
             await asyncio.to_thread(self.api.delete_namespaced_service, service_name(action_id), ns)
         except ApiException as exc:
             if exc.status != 404:
-                raise
+                failure = failure or exc
+        if failure is not None:
+            raise failure
         return deleted
+
+    async def _list_action_pods(self, action_id: str, ns: str | None) -> list[dict[str, Any]]:
+        """The action's pods as the API server has them now (not the informer's copy)."""
+        selector = f"{ACTION_LABEL}={label_value(action_id)}"
+        if ns is None:
+            resp: Any = await asyncio.to_thread(
+                self.api.list_pod_for_all_namespaces,
+                label_selector=selector,
+                _preload_content=False,
+            )
+        else:
+            resp = await asyncio.to_thread(
+                self.api.list_namespaced_pod, ns, label_selector=selector, _preload_content=False
+            )
+        items = json.loads(resp.data).get("items") or []
+        # A label value shared by two ids after sanitizing: the annotation tells them apart.
+        return [p for p in items if _action_of(p) == action_id]
+
+    async def dispatch_record(self, action_id: str, dispatch: str) -> dict[str, PodRecord]:
+        """The pods of ``dispatch`` that exist now, with their node and outcome.
+
+        The API server keeps no trace of a deleted pod, so this is what is left: a
+        retried attempt adds what its predecessor's heartbeats recorded.
+        """
+        out: dict[str, PodRecord] = {}
+        for pod in await self._list_action_pods(action_id, self.namespace):
+            if _dispatch_of(pod) != dispatch:
+                continue
+            name = pod["metadata"]["name"]
+            state = translate_pod(pod, node_gone=self._node_gone(pod))
+            outcome = state[0] if state is not None and state[0] in TERMINAL_EVENTS else None
+            out[name] = PodRecord(name, (pod.get("spec") or {}).get("nodeName"), outcome)
+        return out
+
+    async def live_pods(self, action_id: str, dispatch: str = "") -> dict[str, str | None]:
+        """The action's pods that exist (name -> node), from a LIST; ``dispatch``'s only
+        when given (pods created before dispatches were recorded count as its own)."""
+        return {
+            pod["metadata"]["name"]: (pod.get("spec") or {}).get("nodeName")
+            for pod in await self._list_action_pods(action_id, self.namespace)
+            if not dispatch or _dispatch_of(pod) in ("", dispatch)
+        }
+
+    async def node_exists(self, node: str) -> bool | None:
+        """Whether the API server has the node (a GET); None when it cannot be read."""
+        try:
+            await asyncio.to_thread(self.api.read_node, node, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            log.info("reading node %s: %s %s", node, exc.status, exc.reason)
+            return None
+        return True
+
+    async def headway_pods(self) -> list[HeadwayPods]:
+        """Every action with Headway pods, from the informer's picture once it is listed.
+
+        The workflow id comes from the pod's annotation; for pods created before it was
+        recorded it is derived from the tenant label, and marked inexact.
+        """
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._pods_synced.wait(), self.sync_timeout_s)
+        found: dict[str, HeadwayPods] = {}
+        for (ns, _), pod in self._pods.items():
+            action = _action_of(pod)
+            if action is None or action in found:
+                continue
+            meta = pod.get("metadata") or {}
+            workflow = (meta.get("annotations") or {}).get(WORKFLOW_ANNOTATION)
+            if workflow:
+                found[action] = HeadwayPods(action, str(workflow), ns)
+            else:
+                tenant = (meta.get("labels") or {}).get(TENANT_LABEL, "")
+                found[action] = HeadwayPods(
+                    action, action_workflow_id(tenant, action), ns, exact=False
+                )
+        return [found[a] for a in sorted(found)]
+
+    def forget(self, action_id: str) -> None:
+        """Nothing to forget: the API server is the record."""
 
     # --- events -------------------------------------------------------------------------
 
@@ -685,7 +889,7 @@ class KubernetesBackend:
 
     def _report(self, key: tuple[str, str], pod: dict[str, Any], *, node_gone: bool) -> None:
         action = _action_of(pod)
-        if action is None:
+        if action is None or _uid(pod) in self._stale_uids:
             return
         state = translate_pod(pod, node_gone=node_gone)
         if state is None:
@@ -719,23 +923,89 @@ class KubernetesBackend:
         if kind == "SYNC":
             fresh = {_key(p): p for p in obj["items"]}
             for key in set(self._pods) - set(fresh):
-                self._pod_gone(key, self._pods.pop(key))
+                gone = self._pods.pop(key)
+                self._audit(key, gone, deleted=True)
+                self._pod_gone(key, gone)
             for key, pod in fresh.items():
                 self._pods[key] = pod
                 self._report(key, pod, node_gone=self._node_gone(pod))
+                self._audit(key, pod)
+            if not self._pods_synced.is_set():
+                self._audit_vanished({name for _, name in fresh})
             self._pods_synced.set()
         elif kind == "DELETED":
             key = _key(obj)
             self._pods.pop(key, None)
             self._report(key, obj, node_gone=self._node_gone(obj))
+            self._audit(key, obj, deleted=True)
             self._pod_gone(key, obj)
         else:
             key = _key(obj)
             self._pods[key] = obj
             self._report(key, obj, node_gone=self._node_gone(obj))
+            self._audit(key, obj)
         self._changes.bump()
 
+    def _audit_vanished(self, listed: set[str]) -> None:
+        """At the first list: pods an earlier incarnation logged and nobody saw end, that
+        are gone now (deleted while no worker watched, e.g. with their node), end now."""
+        if self._pod_log is None:
+            return
+        for line in self._pod_log.unended_before():
+            if line.get("pod") in listed:
+                continue
+            self._pod_log.append(
+                "ended",
+                t=self.clock(),
+                action=str(line.get("action")),
+                pod=str(line.get("pod")),
+                node=line.get("node"),
+                spec=PodSpec(
+                    role="",
+                    index=0,
+                    cpu_m=int(line.get("cpu_m") or 0),
+                    memory=int(line.get("mem") or 0),
+                    gpu=int(line.get("gpu") or 0),
+                ),
+                dispatch=str(line.get("dispatch", "")),
+                outcome="Deleted",
+            )
+
+    def _audit(self, key: tuple[str, str], pod: dict[str, Any], *, deleted: bool = False) -> None:
+        """Pod-log lines for what the informer saw: bound to a node, and ended (finished,
+        or deleted). Each is written once per dispatch and pod, across incarnations."""
+        if self._pod_log is None:
+            return
+        action = _action_of(pod)
+        if action is None:
+            return
+        node = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        dispatch = _dispatch_of(pod)
+        now = self.clock()
+        common: dict[str, Any] = {
+            "action": action,
+            "pod": key[1],
+            "node": node,
+            "spec": _requests_spec(pod),
+            "dispatch": dispatch,
+        }
+        if node:
+            self._pod_log.append("bound", t=now, **common)
+        if deleted or phase in _FINISHED_PHASES:
+            last = self._last.get(key)
+            if last is not None and last.kind in TERMINAL_EVENTS:
+                outcome = str(last.kind)
+            else:
+                state = translate_pod(pod)
+                terminal = state is not None and state[0] in TERMINAL_EVENTS
+                outcome = str(state[0]) if state is not None and terminal else "Deleted"
+            self._pod_log.append("ended", t=now, outcome=outcome, **common)
+
     def _pod_gone(self, key: tuple[str, str], pod: dict[str, Any]) -> None:
+        if _uid(pod) in self._stale_uids:
+            self._stale_uids.discard(_uid(pod))
+            return
         action = _action_of(pod)
         last = self._last.get(key)
         if (

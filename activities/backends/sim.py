@@ -6,15 +6,36 @@ Unschedulable reason when nothing fits, and hold their requests on a node until 
 Faults are injected per action (``DispatchRequest.inject``) or from the outside
 (:meth:`SimBackend.kill_node`, :meth:`SimBackend.preempt`) so demos and tests can show
 OOM kills, preemptions and lost nodes being attributed to the exact action.
+
+A real cluster outlives its worker; with a ``state_dir`` the simulated one does too. Its
+whole state (every pod: action, node, requests, when it was created, bound, starts
+running and ends; the nodes that are down; which dispatch created which pods and how they
+ended) is written to ``<state_dir>/sim-<cluster>.json`` atomically (temporary file,
+fsync, rename) on every change, before anything is reported about that change. A
+restarted worker reads it back and resumes in wall time: a pod that should have finished
+while no worker ran finishes at once with its outcome, and a retried ``run_action`` finds
+its dispatch's pods (or their outcome) there and adopts them instead of creating them
+again. Without a ``state_dir`` the cluster dies with its worker, and a retry reports the
+lost pods (see ``headway.activities.cluster``). One worker per cluster and state file.
+
+Pod events go to the pod log when ``HEADWAY_POD_LOG`` is set (format in
+``headway.activities.backends.base``); lines follow the state write they describe, and a
+restarted worker appends any that a ``kill -9`` cut off (never one twice).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
+import os
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from headway.protocol import (
     TERMINAL_EVENTS,
@@ -28,13 +49,26 @@ from headway.protocol import (
 from headway.scheduler.model import ClusterSpec
 from headway.scheduler.resources import Pod
 
-from .base import ChangeSignal, EventHub, pod_name
+from .base import (
+    ChangeSignal,
+    EventHub,
+    HeadwayPods,
+    PodLog,
+    PodRecord,
+    pod_name,
+    sanitize_dns1123,
+)
 
-__all__ = ["DEFAULT_DURATION_S", "INJECTABLE_FAULTS", "SimBackend"]
+__all__ = ["DEFAULT_DURATION_S", "INJECTABLE_FAULTS", "STATE_VERSION", "SimBackend"]
 
 #: How long a simulated pod runs when the request does not say.
 DEFAULT_DURATION_S = 3.0
 INJECTABLE_FAULTS = frozenset({"oom", "preempt", "node-lost", "image-pull", "fail"})
+#: Version of the state file's layout; a file of another version is refused, not guessed.
+STATE_VERSION = 1
+#: How long the cluster remembers what a dispatch created after its pods are gone (a
+#: retry arriving later finds the outcome in the activity's heartbeat details instead).
+DEFAULT_RECORD_TTL_S = 6 * 3600.0
 
 _K = ActionEventKind
 
@@ -45,6 +79,7 @@ class _Node:
     shape: Pod
     order: int
     alive: bool = True
+    recover_at: float | None = None  # wall time a lost node comes back (None: manual)
 
 
 @dataclass
@@ -56,14 +91,34 @@ class _SimPod:
     created: int  # creation order, so pending pods bind first-come first-served
     inject: str | None = None
     duration_s: float = DEFAULT_DURATION_S
+    workflow_id: str = ""
+    dispatch: str = ""
+    created_at: float = 0.0
     node: str | None = None
     last: ActionEvent | None = None
     holds: bool = False  # whether its requests count against its node
+    ended: bool = False  # its "ended" pod-log line is due or written
+    # Wall-clock deadlines, fixed at binding, so a restarted worker resumes the pod where
+    # real time says it is rather than starting its clock again.
+    bound_at: float | None = None
+    running_at: float | None = None
+    ends_at: float | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def terminal(self) -> bool:
         return self.last is not None and self.last.kind in TERMINAL_EVENTS
+
+
+@dataclass
+class _Record:
+    """What one dispatch created, kept after its pods are deleted (tombstones)."""
+
+    action_id: str
+    workflow_id: str
+    namespace: str
+    at: float
+    pods: dict[str, PodRecord] = field(default_factory=dict)
 
 
 def _fits(spec: PodSpec, node: _Node, free: Pod) -> bool:
@@ -77,6 +132,16 @@ def _fits(spec: PodSpec, node: _Node, free: Pod) -> bool:
     )
 
 
+def _event_to_json(ev: ActionEvent) -> dict[str, Any]:
+    d = dataclasses.asdict(ev)
+    d["kind"] = str(ev.kind)
+    return d
+
+
+def _event_from_json(d: dict[str, Any]) -> ActionEvent:
+    return ActionEvent(**{**d, "kind": ActionEventKind(d["kind"])})
+
+
 class SimBackend:
     """A simulated cluster: nodes from ``spec.node_groups``, pods that run for a while.
 
@@ -84,9 +149,18 @@ class SimBackend:
         spec: The cluster's node groups; ``reports_capacity=False`` makes every
             capacity report unknown (``nodes=None``).
         time_scale: Multiplies every simulated delay (0.01 makes a 3 s pod take 30 ms).
-        clock: Wall clock for ``observed_at`` stamps.
+        clock: Wall clock for ``observed_at`` stamps and the pods' deadlines.
         startup_s: Simulated image pull + container start, between Scheduled and Running.
         node_recovery_s: How long a node lost by injection stays away before it returns.
+        state_dir: Keep the cluster's state in ``<state_dir>/sim-<cluster>.json`` so it
+            outlives this process (see the module docstring). None: in memory only.
+        pod_log: The pod log file; None reads ``$HEADWAY_POD_LOG`` (unset: no log).
+        record_ttl_s: How long what a dispatch created is remembered once its pods are
+            gone.
+
+    Raises:
+        ValueError: ``time_scale`` or ``startup_s`` negative, or a state file that cannot
+            be read back (named in the message).
     """
 
     def __init__(
@@ -97,13 +171,22 @@ class SimBackend:
         clock: Callable[[], float] = time.time,
         startup_s: float = 0.2,
         node_recovery_s: float = 5.0,
+        state_dir: str | os.PathLike[str] | None = None,
+        pod_log: str | None = None,
+        record_ttl_s: float = DEFAULT_RECORD_TTL_S,
     ) -> None:
+        if time_scale < 0:
+            raise ValueError(f"time_scale: {time_scale!r} must not be negative")
+        if startup_s < 0:
+            raise ValueError(f"startup_s: {startup_s!r} must not be negative")
         self.name = spec.name
         self.spec = spec
         self.time_scale = time_scale
         self.clock = clock
         self.startup_s = startup_s
         self.node_recovery_s = node_recovery_s
+        self.record_ttl_s = record_ttl_s
+        self.incarnation = ""
         self._nodes: dict[str, _Node] = {}
         order = 0
         for group in spec.node_groups:
@@ -112,19 +195,55 @@ class SimBackend:
                 self._nodes[name] = _Node(name, group.shape, order)
                 order += 1
         self._pods: dict[str, _SimPod] = {}
+        self._records: dict[str, _Record] = {}
         self._created = 0
         self._hub = EventHub()
         self._changes = ChangeSignal()
         self._sequence = 0
         self._background: set[asyncio.Task[None]] = set()
+        self._pod_log = PodLog.from_env(self.name, pod_log)
+        # Pod-log lines whose state change is made but not yet written to the state file:
+        # they are appended only after it, and a restart appends what a kill cut off.
+        self._outbox: list[dict[str, Any]] = []
+        self._started = False
+        self.state_path: Path | None = None
+        if state_dir is not None:
+            self.state_path = Path(state_dir) / f"sim-{sanitize_dns1123(self.name)}.json"
+            self._load()
 
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Nothing to connect to; present for the ClusterBackend protocol."""
+        """Resume what a previous worker left: pods run on from where wall time says they
+        are (finishing at once when they should have ended meanwhile), lost nodes come
+        back when due, pending pods bind, and pod-log lines a kill cut off are written."""
+        if self._started:
+            return
+        self._started = True
+        if self._pod_log is not None:
+            self._pod_log.incarnation = self.incarnation
+            self._pod_log.open()
+        now = self.clock()
+        for node in self._nodes.values():
+            if not node.alive and node.recover_at is not None:
+                self._spawn(self._recover_at(node.name, node.recover_at))
+        for pod in sorted(self._pods.values(), key=lambda p: p.created):
+            if pod.node is None or pod.terminal:
+                continue
+            if pod.node not in self._nodes or not self._nodes[pod.node].alive:
+                # The node went away (or the fleet file no longer has it) while no worker
+                # watched: the pod went with it.
+                pod.holds = False
+                self._emit(pod, _K.NODE_LOST, message=f"node {pod.node} was lost")
+                self._ended(pod, str(_K.NODE_LOST), now)
+                continue
+            pod.task = asyncio.get_running_loop().create_task(self._run(pod))
+        self._bind_pending()
+        self._changed()
+        self._persist()
 
     async def close(self) -> None:
-        """Stop every simulated pod's clock."""
+        """Stop every simulated pod's clock (the state file keeps them for a successor)."""
         tasks = [p.task for p in self._pods.values() if p.task is not None]
         tasks += list(self._background)
         for task in tasks:
@@ -132,20 +251,34 @@ class SimBackend:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._pod_log is not None:
+            self._pod_log.close()
 
     # --- pods ---------------------------------------------------------------------------
 
-    async def create_pods(self, req: DispatchRequest) -> list[str]:
-        """Create the action's pods; pods that already exist by name are adopted."""
-        names: list[str] = []
+    async def create_pods(
+        self, req: DispatchRequest, *, dispatch: str = "", adopt_only: bool = False
+    ) -> list[str]:
+        """Create the action's pods; pods that already exist by name are adopted.
+
+        A pod of the same name that another dispatch created is stale (its dispatch is
+        over): it is removed and this dispatch's pod created. With ``adopt_only``
+        nothing is created at all.
+        """
+        names = [pod_name(req.action_id, spec.role, spec.index) for spec in req.pods]
+        if adopt_only:
+            return names
         target = self._fault_target(req)
-        for spec in req.pods:
-            name = pod_name(req.action_id, spec.role, spec.index)
-            names.append(name)
-            if name in self._pods:
-                continue
+        now = self.clock()
+        record = self._record(req, dispatch, now) if dispatch else None
+        for spec, name in zip(req.pods, names, strict=True):
+            existing = self._pods.get(name)
+            if existing is not None:
+                if not (dispatch and existing.dispatch and existing.dispatch != dispatch):
+                    continue
+                self._remove(existing, now)
             self._created += 1
-            self._pods[name] = _SimPod(
+            pod = _SimPod(
                 name=name,
                 action_id=req.action_id,
                 namespace=req.namespace,
@@ -153,20 +286,83 @@ class SimBackend:
                 created=self._created,
                 inject=req.inject if name == target else None,
                 duration_s=req.duration_s if req.duration_s is not None else DEFAULT_DURATION_S,
+                workflow_id=req.workflow_id,
+                dispatch=dispatch,
+                created_at=now,
             )
+            self._pods[name] = pod
+            if record is not None:
+                record.pods[name] = PodRecord(name)
+            self._log("created", pod, now)
         self._bind_pending()
+        # Written before create_pods returns and before any pod's clock ticks: once the
+        # caller can know of a pod, a restarted worker knows of it too.
+        self._persist()
         return names
+
+    def _record(self, req: DispatchRequest, dispatch: str, now: float) -> _Record:
+        record = self._records.get(dispatch)
+        if record is None:
+            record = _Record(req.action_id, req.workflow_id, req.namespace, now)
+            self._records[dispatch] = record
+        return record
 
     async def delete_pods(self, action_id: str, namespace: str = "default") -> int:
         """Delete the action's pods (running or not); idempotent."""
         doomed = [p for p in self._pods.values() if p.action_id == action_id]
+        now = self.clock()
         for pod in doomed:
-            del self._pods[pod.name]
-            if pod.task is not None and pod.task is not asyncio.current_task():
-                pod.task.cancel()
+            self._remove(pod, now)
         if doomed:
             self._changed()
+            self._bind_pending()
+        self._persist()
         return len(doomed)
+
+    def _remove(self, pod: _SimPod, now: float) -> None:
+        del self._pods[pod.name]
+        if pod.task is not None and pod.task is not asyncio.current_task():
+            pod.task.cancel()
+        pod.holds = False
+        if not pod.ended:
+            outcome = str(pod.last.kind) if pod.terminal and pod.last is not None else "Deleted"
+            self._ended(pod, outcome, now)
+
+    async def dispatch_record(self, action_id: str, dispatch: str) -> dict[str, PodRecord]:
+        """What ``dispatch`` created here (kept in the state file when there is one)."""
+        record = self._records.get(dispatch)
+        if record is None or record.action_id != action_id:
+            return {}
+        return {name: dataclasses.replace(r) for name, r in record.pods.items()}
+
+    async def live_pods(self, action_id: str, dispatch: str = "") -> dict[str, str | None]:
+        """The action's pods that exist (name -> node); only ``dispatch``'s when given."""
+        return {
+            p.name: p.node
+            for p in self._pods.values()
+            if p.action_id == action_id
+            and (not dispatch or not p.dispatch or p.dispatch == dispatch)
+        }
+
+    async def node_exists(self, node: str) -> bool | None:
+        """Whether the node is part of the cluster and up."""
+        n = self._nodes.get(node)
+        return n is not None and n.alive
+
+    async def headway_pods(self) -> list[HeadwayPods]:
+        """Every action with pods or a dispatch record here."""
+        found: dict[str, HeadwayPods] = {}
+        for p in self._pods.values():
+            found.setdefault(p.action_id, HeadwayPods(p.action_id, p.workflow_id, p.namespace))
+        for r in self._records.values():
+            found.setdefault(r.action_id, HeadwayPods(r.action_id, r.workflow_id, r.namespace))
+        return [found[a] for a in sorted(found)]
+
+    def forget(self, action_id: str) -> None:
+        """Drop the dispatch records of an ended action."""
+        for key in [k for k, r in self._records.items() if r.action_id == action_id]:
+            del self._records[key]
+        self._persist()
 
     @property
     def created_count(self) -> int:
@@ -193,27 +389,41 @@ class SimBackend:
 
         Returns:
             The names of the pods that were lost.
+
+        Raises:
+            KeyError: No node of that name (the message names it).
         """
-        n = self._nodes[node]
+        n = self._nodes.get(node)
+        if n is None:
+            raise KeyError(f"node: {node!r} is not a node of cluster {self.name}")
         n.alive = False
+        now = self.clock()
+        n.recover_at = (
+            now + recover_after_s * self.time_scale if recover_after_s is not None else None
+        )
         lost = [p for p in self._pods.values() if p.node == node and not p.terminal]
         for pod in lost:
             if pod.task is not None and pod.task is not asyncio.current_task():
                 pod.task.cancel()
             pod.holds = False
             self._emit(pod, _K.NODE_LOST, message=f"node {node} was lost")
+            self._ended(pod, str(_K.NODE_LOST), now)
         self._changed()
-        if recover_after_s is not None:
-            task = asyncio.get_running_loop().create_task(self._recover(node, recover_after_s))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+        if n.recover_at is not None:
+            self._spawn(self._recover_at(node, n.recover_at))
+        self._persist()
         return [p.name for p in lost]
 
     def restore_node(self, node: str) -> None:
         """Bring a lost node back (empty) and bind pending pods onto it."""
-        self._nodes[node].alive = True
+        n = self._nodes.get(node)
+        if n is None:
+            raise KeyError(f"node: {node!r} is not a node of cluster {self.name}")
+        n.alive = True
+        n.recover_at = None
         self._changed()
         self._bind_pending()
+        self._persist()
 
     def preempt(self, name: str) -> bool:
         """Preempt one pod by name, or every running pod of an action by action id."""
@@ -226,11 +436,20 @@ class SimBackend:
             if pod.task is not None and pod.task is not asyncio.current_task():
                 pod.task.cancel()
             self._end(pod, _K.PREEMPTED, message="preempted by a higher-priority pod")
+        self._persist()
         return bool(victims)
 
-    async def _recover(self, node: str, after_s: float) -> None:
-        await asyncio.sleep(after_s * self.time_scale)
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _recover_at(self, node: str, at: float) -> None:
+        await self._until(at)
         self.restore_node(node)
+
+    async def _until(self, deadline: float) -> None:
+        await asyncio.sleep(max(0.0, deadline - self.clock()))
 
     @staticmethod
     def _fault_target(req: DispatchRequest) -> str | None:
@@ -264,7 +483,7 @@ class SimBackend:
     def _free(self) -> dict[str, Pod]:
         used: dict[str, list[int]] = {n: [0, 0, 0, 0] for n in self._nodes}
         for pod in self._pods.values():
-            if pod.node is not None and pod.holds:
+            if pod.node is not None and pod.holds and pod.node in used:
                 u = used[pod.node]
                 u[0] += pod.spec.cpu_m
                 u[1] += pod.spec.memory
@@ -344,7 +563,15 @@ class SimBackend:
             observed_at=self.clock(),
         )
         pod.last = event
+        if kind in TERMINAL_EVENTS:
+            rec = self._pod_record(pod)
+            if rec is not None and rec.outcome is None:
+                rec.outcome = kind
         self._hub.publish(event)
+
+    def _pod_record(self, pod: _SimPod) -> PodRecord | None:
+        record = self._records.get(pod.dispatch) if pod.dispatch else None
+        return record.pods.get(pod.name) if record is not None else None
 
     def _end(
         self,
@@ -357,9 +584,31 @@ class SimBackend:
     ) -> None:
         pod.holds = keep_holding
         self._emit(pod, kind, exit_code=exit_code, message=message)
+        if not keep_holding:
+            self._ended(pod, str(kind), self.clock())
         self._changed()
         if not keep_holding:
             self._bind_pending()
+
+    def _ended(self, pod: _SimPod, outcome: str, now: float) -> None:
+        if not pod.ended:
+            pod.ended = True
+            self._log("ended", pod, now, outcome=outcome)
+
+    def _log(self, event: str, pod: _SimPod, t: float, outcome: str | None = None) -> None:
+        if self._pod_log is not None:
+            self._outbox.append(
+                {
+                    "event": event,
+                    "t": t,
+                    "action": pod.action_id,
+                    "pod": pod.name,
+                    "node": pod.node,
+                    "spec": dataclasses.asdict(pod.spec),
+                    "dispatch": pod.dispatch,
+                    "outcome": outcome,
+                }
+            )
 
     def _bind_pending(self) -> None:
         """Bind every pending pod that fits, oldest first (like the kube-scheduler queue)."""
@@ -369,6 +618,7 @@ class SimBackend:
             (p for p in self._pods.values() if p.node is None and not p.terminal),
             key=lambda p: p.created,
         )
+        now = self.clock()
         for pod in pending:
             node = self._best_fit(pod.spec, free)
             if node is None:
@@ -387,6 +637,17 @@ class SimBackend:
             pod.node = node.name
             pod.holds = True
             bound = True
+            scale = self.time_scale
+            pod.bound_at = now
+            pod.running_at = now + self.startup_s * scale
+            runs = pod.duration_s * scale
+            if pod.inject in ("oom", "preempt", "node-lost", "fail"):
+                runs /= 2
+            pod.ends_at = pod.running_at + runs
+            rec = self._pod_record(pod)
+            if rec is not None:
+                rec.node = node.name
+            self._log("bound", pod, now)
             self._emit(pod, _K.SCHEDULED, message=f"bound to {node.name}")
             pod.task = asyncio.get_running_loop().create_task(self._run(pod))
         if bound:
@@ -428,8 +689,10 @@ class SimBackend:
         )
 
     async def _run(self, pod: _SimPod) -> None:
-        scale = self.time_scale
-        await asyncio.sleep(self.startup_s * scale)
+        # Deadlines, not durations: a pod resumed by a restarted worker runs only what is
+        # left of its time, and one that should have ended meanwhile ends at once.
+        assert pod.running_at is not None and pod.ends_at is not None
+        await self._until(pod.running_at)
         if pod.inject == "image-pull":
             # A pod that cannot pull stays bound and Pending, holding its requests until
             # someone deletes it, exactly as on Kubernetes.
@@ -439,19 +702,187 @@ class SimBackend:
                 message=f'Back-off pulling image "{pod.spec.image}"',
                 keep_holding=True,
             )
+            self._persist()
             return
-        self._emit(pod, _K.RUNNING)
-        if pod.inject in ("oom", "preempt", "node-lost", "fail"):
-            await asyncio.sleep(pod.duration_s * scale / 2)
-            if pod.inject == "oom":
-                self._end(pod, _K.OOM_KILLED, exit_code=137, message="OOMKilled")
-            elif pod.inject == "fail":
-                self._end(pod, _K.FAILED, exit_code=1, message="Error")
-            elif pod.inject == "preempt":
-                self._end(pod, _K.PREEMPTED, message="preempted by a higher-priority pod")
-            else:
-                assert pod.node is not None
-                self.kill_node(pod.node, recover_after_s=self.node_recovery_s)
+        if pod.last is None or pod.last.kind is not _K.RUNNING:
+            self._emit(pod, _K.RUNNING)
+            self._persist()
+        await self._until(pod.ends_at)
+        if pod.inject == "oom":
+            self._end(pod, _K.OOM_KILLED, exit_code=137, message="OOMKilled")
+        elif pod.inject == "fail":
+            self._end(pod, _K.FAILED, exit_code=1, message="Error")
+        elif pod.inject == "preempt":
+            self._end(pod, _K.PREEMPTED, message="preempted by a higher-priority pod")
+        elif pod.inject == "node-lost":
+            assert pod.node is not None
+            self.kill_node(pod.node, recover_after_s=self.node_recovery_s)
+        else:
+            self._end(pod, _K.SUCCEEDED, exit_code=0, message="Completed")
+        self._persist()
+
+    # --- durable state ------------------------------------------------------------------
+
+    def _persist(self) -> None:
+        """Write the state file (when there is one), then the pod-log lines it implies."""
+        if self.state_path is not None:
+            self._prune_records()
+            self._write_state()
+        if self._pod_log is not None and self._outbox:
+            self._pod_log.incarnation = self.incarnation
+            for line in self._outbox:
+                self._pod_log.append(
+                    line["event"],
+                    t=line["t"],
+                    action=line["action"],
+                    pod=line["pod"],
+                    node=line["node"],
+                    spec=PodSpec(**line["spec"]),
+                    dispatch=line["dispatch"],
+                    outcome=line["outcome"],
+                )
+            self._outbox.clear()
+
+    def _prune_records(self) -> None:
+        horizon = self.clock() - self.record_ttl_s
+        live = {p.action_id for p in self._pods.values()}
+        for key in [
+            k for k, r in self._records.items() if r.at < horizon and r.action_id not in live
+        ]:
+            del self._records[key]
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "cluster": self.name,
+            "created": self._created,
+            "nodes": {
+                n.name: {"alive": n.alive, "recover_at": n.recover_at}
+                for n in self._nodes.values()
+                if not n.alive
+            },
+            "pods": [
+                {
+                    "name": p.name,
+                    "action_id": p.action_id,
+                    "namespace": p.namespace,
+                    "spec": dataclasses.asdict(p.spec),
+                    "created": p.created,
+                    "inject": p.inject,
+                    "duration_s": p.duration_s,
+                    "workflow_id": p.workflow_id,
+                    "dispatch": p.dispatch,
+                    "created_at": p.created_at,
+                    "node": p.node,
+                    "last": _event_to_json(p.last) if p.last is not None else None,
+                    "holds": p.holds,
+                    "ended": p.ended,
+                    "bound_at": p.bound_at,
+                    "running_at": p.running_at,
+                    "ends_at": p.ends_at,
+                }
+                for p in self._pods.values()
+            ],
+            "records": {
+                key: {
+                    "action_id": r.action_id,
+                    "workflow_id": r.workflow_id,
+                    "namespace": r.namespace,
+                    "at": r.at,
+                    "pods": {
+                        name: {"node": pr.node, "outcome": str(pr.outcome) if pr.outcome else None}
+                        for name, pr in r.pods.items()
+                    },
+                }
+                for key, r in self._records.items()
+            },
+            "outbox": self._outbox,
+        }
+
+    def _write_state(self) -> None:
+        assert self.state_path is not None
+        data = json.dumps(self._state(), separators=(",", ":")).encode()
+        directory = self.state_path.parent
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.state_path.name}.", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.state_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        # The rename itself must be durable too, or a crash could bring the old file back.
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _load(self) -> None:
+        assert self.state_path is not None
+        path = self.state_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
             return
-        await asyncio.sleep(pod.duration_s * scale)
-        self._end(pod, _K.SUCCEEDED, exit_code=0, message="Completed")
+        try:
+            state = json.loads(raw)
+            if not isinstance(state, dict):
+                raise ValueError("not a JSON object")
+            if state.get("version") != STATE_VERSION:
+                raise ValueError(
+                    f"version {state.get('version')!r} is not {STATE_VERSION} (written by"
+                    " another Headway release)"
+                )
+            if state.get("cluster") != self.name:
+                raise ValueError(f"it is cluster {state.get('cluster')!r}'s, not {self.name!r}")
+            self._created = int(state.get("created", 0))
+            for name, n in (state.get("nodes") or {}).items():
+                if name in self._nodes:
+                    self._nodes[name].alive = bool(n["alive"])
+                    self._nodes[name].recover_at = n.get("recover_at")
+            for p in state.get("pods") or []:
+                pod = _SimPod(
+                    name=p["name"],
+                    action_id=p["action_id"],
+                    namespace=p["namespace"],
+                    spec=PodSpec(**p["spec"]),
+                    created=int(p["created"]),
+                    inject=p.get("inject"),
+                    duration_s=float(p["duration_s"]),
+                    workflow_id=p.get("workflow_id", ""),
+                    dispatch=p.get("dispatch", ""),
+                    created_at=float(p.get("created_at", 0.0)),
+                    node=p.get("node"),
+                    last=_event_from_json(p["last"]) if p.get("last") else None,
+                    holds=bool(p.get("holds")),
+                    ended=bool(p.get("ended")),
+                    bound_at=p.get("bound_at"),
+                    running_at=p.get("running_at"),
+                    ends_at=p.get("ends_at"),
+                )
+                self._pods[pod.name] = pod
+            for key, r in (state.get("records") or {}).items():
+                self._records[key] = _Record(
+                    r["action_id"],
+                    r.get("workflow_id", ""),
+                    r.get("namespace", "default"),
+                    float(r["at"]),
+                    {
+                        name: PodRecord(
+                            name,
+                            pr.get("node"),
+                            ActionEventKind(pr["outcome"]) if pr.get("outcome") else None,
+                        )
+                        for name, pr in (r.get("pods") or {}).items()
+                    },
+                )
+            self._outbox = list(state.get("outbox") or [])
+        except (ValueError, KeyError, TypeError) as exc:
+            # Starting empty would forget running pods and let a retry create them again:
+            # refuse, and say which file to look at.
+            raise ValueError(f"state_dir: cannot resume from {path}: {exc}") from exc

@@ -5,7 +5,10 @@ leaves a created object's namespace empty, has no resourceVersion, ignores label
 selectors and ``timeoutSeconds``, and cannot expire a watch. The subclass below adds just
 that: a global resourceVersion stamped on every change, an event log that watches replay
 from a given resourceVersion (410 Gone once it has been compacted away), selectors,
-server-side watch timeouts with bookmarks, and 403 for resources a test forbids.
+server-side watch timeouts with bookmarks, and 403 for resources a test forbids. For
+fault tests it can fail the next deletes of a resource with a 500, and lose a node the
+way a cluster does (:meth:`FakeKube.lose_node`: the pod garbage collector marks the
+node's pods and deletes them, then the node goes).
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ class FakeKube(kmock.KubernetesEmulator):
     generation: int = 0
     changed: asyncio.Condition = attrs.field(factory=asyncio.Condition)
     watches_served: int = 0
+    #: plural -> how many of the next DELETEs of that resource fail with a 500.
+    failing_deletes: dict[str, int] = attrs.field(factory=dict)
 
     # --- test controls --------------------------------------------------------------
 
@@ -94,6 +99,40 @@ class FakeKube(kmock.KubernetesEmulator):
         obj = self._find(plural, namespace, name)
         obj.patch(patch)
         self._record(plural, "MODIFIED", obj.raw)
+
+    async def lose_node(self, name: str) -> list[str]:
+        """Lose a node with its pods, as the pod GC does on a real cluster: each pod bound
+        to it is marked ``DisruptionTarget``/``DeletionByPodGC`` and deleted, then the
+        node object is deleted. Returns the names of the pods that went."""
+        gone: list[str] = []
+        for pod in self.live("pods"):
+            meta = pod.get("metadata") or {}
+            if (pod.get("spec") or {}).get("nodeName") != name:
+                continue
+            url = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
+            conditions = [
+                c
+                for c in (pod.get("status") or {}).get("conditions") or []
+                if c.get("type") != "DisruptionTarget"
+            ]
+            conditions.append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByPodGC",
+                    "message": f"PodGC: node {name} no longer exists",
+                }
+            )
+            async with self.patch(
+                url, json={"status": {"phase": "Failed", "conditions": conditions}}
+            ) as resp:
+                assert resp.status == 200, await resp.text()
+            async with self.delete(url) as resp:
+                assert resp.status == 200, await resp.text()
+            gone.append(str(meta.get("name")))
+        async with self.delete(f"/api/v1/nodes/{name}") as resp:
+            assert resp.status == 200, await resp.text()
+        return gone
 
     def live(self, plural: str) -> list[dict[str, Any]]:
         """Current objects of a resource (raw dicts)."""
@@ -146,6 +185,15 @@ class FakeKube(kmock.KubernetesEmulator):
         if res is not None and res.plural in self.forbidden:
             raise kmock.KubernetesError(
                 status=403, reason="Forbidden", message=f"{res.plural} is forbidden"
+            )
+        if (
+            res is not None
+            and request.action == enums.action.DELETE
+            and self.failing_deletes.get(res.plural or "", 0) > 0
+        ):
+            self.failing_deletes[res.plural or ""] -= 1
+            raise kmock.KubernetesError(
+                status=500, reason="InternalError", message="etcdserver: request timed out"
             )
         kind = _WRITE.get(request.action) if res is not None and request.action else None
         name = request.name

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 from headway.activities.backends.sim import SimBackend
-from headway.protocol import ActionEvent, DispatchRequest, GangKind, PodSpec
+from headway.protocol import ActionEvent, ActionEventKind, DispatchRequest, GangKind, PodSpec
 from headway.scheduler.model import ClusterSpec, NodeGroup
 from headway.scheduler.resources import Pod
+from temporalio.testing import ActivityEnvironment
 
 GI = 2**30
 
@@ -67,3 +71,50 @@ async def collect_until_terminal(
             out.append(ev)
             if ev.kind in TERMINAL_EVENTS:
                 return out
+
+
+class Recorder:
+    """Stands in for the action workflow: records every signalled event."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, ActionEvent]] = []
+        self.changed = asyncio.Event()
+
+    async def __call__(self, workflow_id: str, event: ActionEvent) -> None:
+        self.events.append((workflow_id, event))
+        self.changed.set()
+
+    def kinds(self) -> list[ActionEventKind]:
+        return [e.kind for _, e in self.events]
+
+    async def wait_for(self, kind: ActionEventKind, timeout: float = 5.0) -> ActionEvent:
+        async with asyncio.timeout(timeout):
+            while True:
+                for _, e in self.events:
+                    if e.kind is kind:
+                        return e
+                self.changed.clear()
+                await self.changed.wait()
+
+
+def attempt_env(
+    attempt: int = 1,
+    details: Sequence[Any] = (),
+    *,
+    activity_id: str = "1",
+    beats: list[Any] | None = None,
+) -> ActivityEnvironment:
+    """An ActivityEnvironment for one attempt of one dispatch (``activity_id``), with the
+    heartbeat details an earlier attempt left; heartbeats go to ``beats``."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info,
+        attempt=attempt,
+        heartbeat_details=list(details),
+        activity_id=activity_id,
+        workflow_id="wf",
+        workflow_run_id="run-1",
+    )
+    if beats is not None:
+        env.on_heartbeat = lambda *d: beats.append(d[0] if d else None)
+    return env

@@ -11,31 +11,7 @@ from headway.protocol import ActionEventKind as K
 from temporalio.activity import ActivityCancellationDetails
 from temporalio.testing import ActivityEnvironment
 
-from .helpers import GI, request, sim
-
-
-class Recorder:
-    """Stands in for the action workflow: records every signalled event."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, ActionEvent]] = []
-        self.changed = asyncio.Event()
-
-    async def __call__(self, workflow_id: str, event: ActionEvent) -> None:
-        self.events.append((workflow_id, event))
-        self.changed.set()
-
-    def kinds(self) -> list[K]:
-        return [e.kind for _, e in self.events]
-
-    async def wait_for(self, kind: K, timeout: float = 5.0) -> ActionEvent:
-        async with asyncio.timeout(timeout):
-            while True:
-                for _, e in self.events:
-                    if e.kind is kind:
-                        return e
-                self.changed.clear()
-                await self.changed.wait()
+from .helpers import GI, Recorder, request, sim
 
 
 def env_with_heartbeats() -> tuple[ActivityEnvironment, list[object]]:
