@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -237,6 +237,38 @@ class PodLog:
             for (dispatch, pod), line in self._unended.items()
             if (dispatch, pod, "ended") not in self._seen
         ]
+
+    def end_vanished(self, t: float, exists: Callable[[str, str], bool]) -> int:
+        """Write an "ended" line (outcome "Deleted", time ``t``) for each pod an earlier
+        incarnation left unended that no longer exists: it went while no worker
+        watched. ``exists(dispatch, pod)`` says whether it does.
+
+        Returns:
+            How many lines were written.
+        """
+        written = 0
+        for line in self.unended_before():
+            dispatch, pod = str(line.get("dispatch", "")), str(line.get("pod"))
+            if exists(dispatch, pod):
+                continue
+            spec = PodSpec(
+                role="",
+                index=0,
+                cpu_m=int(line.get("cpu_m") or 0),
+                memory=int(line.get("mem") or 0),
+                gpu=int(line.get("gpu") or 0),
+            )
+            written += self.append(
+                "ended",
+                t=t,
+                action=str(line.get("action")),
+                pod=pod,
+                node=line.get("node"),
+                spec=spec,
+                dispatch=dispatch,
+                outcome="Deleted",
+            )
+        return written
 
     def logged(self, dispatch: str, pod: str, event: str) -> bool:
         """Whether this line was written already (by any incarnation)."""

@@ -551,7 +551,7 @@ class KubernetesBackend:
         stale_timeout_s: float = 30.0,
     ) -> None:
         self.name = name
-        self.incarnation = ""
+        self._incarnation = ""
         self.stale_timeout_s = stale_timeout_s
         self._pod_log = PodLog.from_env(name, pod_log)
         self.namespace = namespace
@@ -581,6 +581,17 @@ class KubernetesBackend:
         self._pods_synced = asyncio.Event()
         self.informers: dict[str, Informer] = {}
 
+    @property
+    def incarnation(self) -> str:
+        """The worker process running this backend (stamped on pod-log lines)."""
+        return self._incarnation
+
+    @incarnation.setter
+    def incarnation(self, value: str) -> None:
+        self._incarnation = value
+        if self._pod_log is not None:
+            self._pod_log.incarnation = value
+
     # --- lifecycle ----------------------------------------------------------------------
 
     def _make_api(self) -> k8s.CoreV1Api:
@@ -607,7 +618,6 @@ class KubernetesBackend:
     async def start(self) -> None:
         """Start the pod, all-pods and node informers."""
         if self._pod_log is not None:
-            self._pod_log.incarnation = self.incarnation
             await asyncio.to_thread(self._pod_log.open)
         api = await asyncio.to_thread(lambda: self.api)
         loop = asyncio.get_running_loop()
@@ -951,25 +961,7 @@ class KubernetesBackend:
         are gone now (deleted while no worker watched, e.g. with their node), end now."""
         if self._pod_log is None:
             return
-        for line in self._pod_log.unended_before():
-            if line.get("pod") in listed:
-                continue
-            self._pod_log.append(
-                "ended",
-                t=self.clock(),
-                action=str(line.get("action")),
-                pod=str(line.get("pod")),
-                node=line.get("node"),
-                spec=PodSpec(
-                    role="",
-                    index=0,
-                    cpu_m=int(line.get("cpu_m") or 0),
-                    memory=int(line.get("mem") or 0),
-                    gpu=int(line.get("gpu") or 0),
-                ),
-                dispatch=str(line.get("dispatch", "")),
-                outcome="Deleted",
-            )
+        self._pod_log.end_vanished(self.clock(), lambda _dispatch, pod: pod in listed)
 
     def _audit(self, key: tuple[str, str], pod: dict[str, Any], *, deleted: bool = False) -> None:
         """Pod-log lines for what the informer saw: bound to a node, and ended (finished,

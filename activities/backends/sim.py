@@ -186,7 +186,7 @@ class SimBackend:
         self.startup_s = startup_s
         self.node_recovery_s = node_recovery_s
         self.record_ttl_s = record_ttl_s
-        self.incarnation = ""
+        self._incarnation = ""
         self._nodes: dict[str, _Node] = {}
         order = 0
         for group in spec.node_groups:
@@ -211,6 +211,17 @@ class SimBackend:
             self.state_path = Path(state_dir) / f"sim-{sanitize_dns1123(self.name)}.json"
             self._load()
 
+    @property
+    def incarnation(self) -> str:
+        """The worker process running this backend (stamped on pod-log lines)."""
+        return self._incarnation
+
+    @incarnation.setter
+    def incarnation(self, value: str) -> None:
+        self._incarnation = value
+        if self._pod_log is not None:
+            self._pod_log.incarnation = value
+
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -221,8 +232,13 @@ class SimBackend:
             return
         self._started = True
         if self._pod_log is not None:
-            self._pod_log.incarnation = self.incarnation
             self._pod_log.open()
+            # Lines a kill cut off first, so what follows sees every line that is due.
+            self._persist()
+            here = {(p.dispatch, p.name) for p in self._pods.values()}
+            # Logged by an earlier incarnation and gone: without a state directory the
+            # simulated cluster died with that worker, and its pods with it.
+            self._pod_log.end_vanished(self.clock(), lambda d, pod: (d, pod) in here)
         now = self.clock()
         for node in self._nodes.values():
             if not node.alive and node.recover_at is not None:
@@ -729,7 +745,6 @@ class SimBackend:
             self._prune_records()
             self._write_state()
         if self._pod_log is not None and self._outbox:
-            self._pod_log.incarnation = self.incarnation
             for line in self._outbox:
                 self._pod_log.append(
                     line["event"],
