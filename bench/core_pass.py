@@ -19,9 +19,10 @@ pods and gangs (replicas, Ray). Figures (milliseconds unless named otherwise):
 - decisions_per_s: per-action decisions (admit, or a reason) per second in full passes.
 - kth_easy_simulate_s: wall time of ``headway simulate --swf KTH-SP2 --algorithm easy``.
 
-Machines here are noisy, so a calibration loop (a plain Python loop over the same
-100,000 actions) alternates with the timed passes, and the ratio pass/calibration is
-reported beside the absolute figures (median, min, max over the rounds). ``cpu_ms`` (and
+Machines here are noisy, so a bare loop (a plain Python loop over the same 100,000
+actions) alternates with the timed passes, and the ratio pass/bare loop is reported
+beside the absolute figures (``nothing_fits_vs_bare_loop``: median, min, max over the
+rounds). ``cpu_ms`` (and
 ``kth_easy_simulate_cpu_s``) give the CPU time of this thread over the very same calls
 (``time.thread_time``): on a shared machine, what the work itself cost, without the
 time other processes took the core away.
@@ -32,7 +33,16 @@ find it (a pass then admits thousands), and full passes on a scheduler built whe
 another had been freed measured slower (fits p99 40-50 ms in three runs, against 34-36
 on one built first).
 
-Run: ``python bench/core_pass.py`` (under a minute). The last line is one JSON object.
+``calib_us``: the machine's calibration (``python -m timeit "sum(range(10000))"``, best
+of 5, microseconds; ``bench/_common.py``) taken at the start and at the end, and their
+mean; ``normalized``: every time (and ``decisions_per_s``, the other way) as on a 100 us
+machine, ``time * 100 / calib_us`` with the mean (``/work/shared/specs/benchmarks.md``).
+The calibration runs in a process of its own and the helper imports nothing of Temporal,
+so the heap the KTH run meets here is the one it always met.
+
+Run: ``python bench/core_pass.py`` (under a minute); ``python bench/core_pass.py --phase
+passes`` (or ``events``) runs one phase alone and prints its JSON (what
+``bench/compare_commits.py`` times). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -175,7 +185,8 @@ def invalidate(s: Scheduler) -> None:
     s.invalidate()
 
 
-def calibrate(s: Scheduler) -> float:
+def bare_loop(s: Scheduler) -> float:
+    """Milliseconds of a plain loop over the backlog (the yardstick of a full pass)."""
     t0 = time.perf_counter()
     n = 0
     for q in s.queues.values():
@@ -321,12 +332,12 @@ def phase_passes() -> dict[str, Any]:
         file=sys.stderr,
     )
 
-    # --- full pass, nothing fits (calibration alternates with it)
+    # --- full pass, nothing fits (the bare loop alternates with it)
     nf: list[float] = []
     ratios: list[float] = []
     nf_cpu: list[float] = []
     for r in range(ROUNDS + 1):
-        cal = calibrate(s)
+        cal = bare_loop(s)
         invalidate(s)
         adm, dt, dc = timed(s.schedule, now)
         assert not adm
@@ -370,6 +381,9 @@ def phase_passes() -> dict[str, Any]:
     decisions = decided / fit_time if fit_time else 0.0
     return {
         "pending": waiting,
+        "queues": N_QUEUES,
+        "clusters": N_CLUSTERS,
+        "shapes": len(SHAPES),
         "full_pass_ms": {
             "fits": {"p50": round(pct(fits, 0.5), 2), "p99": round(pct(fits, 0.99), 2)},
             "nothing_fits": {"p50": round(pct(nf, 0.5), 2), "p99": round(pct(nf, 0.99), 2)},
@@ -403,6 +417,9 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--phase":
         print(json.dumps(PHASES[sys.argv[2]]()))
         return
+    from _common import calib_us, calibration, normalize  # type: ignore[import-not-found]
+
+    calib_start = calib_us()
     passes = run_phase("passes")
     events = run_phase("events")
 
@@ -416,11 +433,13 @@ def main() -> None:
         kth_s, kth_cpu = kth_ms / 1000, kth_cpu_ms / 1000
         print(f"KTH-SP2 easy: {len(sc.workload)} jobs in {kth_s:.1f} s", file=sys.stderr)
 
+    calib = calibration(calib_start, calib_us())
     out: dict[str, Any] = {
         "pending": passes["pending"],
         "queues": N_QUEUES,
         "clusters": N_CLUSTERS,
         "shapes": len(SHAPES),
+        "calib_us": calib,
         "rounds": ROUNDS,
         "full_pass_ms": passes["full_pass_ms"],
         **{k: v for k, v in events.items() if k != "cpu_ms"},
@@ -432,6 +451,26 @@ def main() -> None:
         "cpu_ms": {**passes["cpu_ms"], **events["cpu_ms"]},
         "kth_easy_simulate_cpu_s": round(kth_cpu, 2) if kth_cpu is not None else None,
     }
+    out["normalized"] = normalize(
+        {
+            k: out[k]
+            for k in (
+                "full_pass_ms",
+                "incremental_event_ms",
+                "incremental_enqueue_ms",
+                "incremental_completion_ms",
+                "gc_ms_in_events",
+                "decisions_per_s",
+                "decisions_per_s_fits",
+                "decisions_per_s_nothing_fits",
+                "kth_easy_simulate_s",
+                "cpu_ms",
+                "kth_easy_simulate_cpu_s",
+            )
+        },
+        calib["mean"],
+    )
+    print(f"calibration: {calib} us (sum(range(10000)), best of 5)", file=sys.stderr)
     print(json.dumps(out))
 
 

@@ -11,6 +11,9 @@ count is divided by N. ``headway_minus_floor`` is what Headway asks of the serve
 the floor (its scheduler's share: nudge signals, its workflow tasks and their updates).
 
 Counts only: no figure here depends on time, so the numbers hold on a loaded machine.
+``calib_us`` (the machine's calibration at the start and at the end, and their mean; see
+``bench/_common.py``) is printed all the same, as every benchmark does, and
+``normalized`` is empty: there is no time to normalize.
 
     python bench/e2e_ops.py [--n 300]
 """
@@ -89,6 +92,8 @@ async def main() -> None:
     args = ap.parse_args()
     from _common import (  # type: ignore[import-not-found]
         big_fleet,
+        calib_us,
+        calibration,
         start_server,
     )
     from e2e_throughput import (
@@ -98,6 +103,7 @@ async def main() -> None:
         side_workers,
     )
 
+    calib_start = calib_us()  # before the server and the workers load the machine
     sdk_fastpath.install()
     port = free_port()
     env = await start_server(metrics_port=port)
@@ -135,6 +141,7 @@ async def main() -> None:
     finally:
         store.close()
         await env.shutdown()
+    calib = calibration(calib_start, calib_us())
     # Per side, the mean of its two runs.
     mean = {
         side: {k: sum(run.get(k, 0.0) for run in runs) / len(runs) for k in set().union(*runs)}
@@ -154,6 +161,9 @@ async def main() -> None:
             {
                 "n": n,
                 "runs_per_side": 2,
+                "calib_us": calib,
+                # Counts only: no time to normalize (the key is here as the spec asks).
+                "normalized": {},
                 "ops_per_workflow": {
                     side: {k: round(m.get(k, 0.0), 3) for k in keys} for side, m in mean.items()
                 },

@@ -38,7 +38,12 @@ server slows as its in-memory store fills during a run, and the machine's load d
 one fixed order that drift counted against the side run last (Headway), mirrored a linear
 drift cancels, and with bare and Headway next to each other (bare, headway, headway, bare
 in the middle of each round) the two sides of ``ratio`` see the same load. Prints one JSON
-line last (see ``/work/shared/specs/benchmarks.md``).
+line last (see ``/work/shared/specs/benchmarks.md``), with ``calib_us`` (the machine's
+calibration before the server starts and after it stops, and their mean; see
+``bench/_common.py``) and ``normalized``: the rates (``*_per_s``, scaled ``r * calib /
+100``) and times (``enqueue_to_admit_ms``, ``cpu_ms_per_workflow``, ``t * 100 / calib``)
+as on a 100 us machine. Rates here are set by the CPU of two processes (worker and
+server) on two cores, so their normalized values are a rough guide; ratios need none.
 
     python bench/e2e_throughput.py [--n 300] [--rounds 5]
 """
@@ -92,13 +97,13 @@ async def gather_limited(coros: list[Coroutine[Any, Any, None]], limit: int = 10
 def side_workers(client: Client, store: LeaseStore, fleet: list[Any]) -> list[Worker]:
     """The workers of every side: bare (sandboxed and not), the lifecycle floor, the bare
     activity worker, Headway's control plane and its simulated cluster's worker."""
+    from _activities import instant_delete, instant_run  # type: ignore[import-not-found]
     from _bare import (  # type: ignore[import-not-found]
         BareWorkflow,
         LifecycleWorkflow,
         noop,
         noop_local,
     )
-    from _common import instant_delete, instant_run  # type: ignore[import-not-found]
 
     return [
         # Same slot tuning as the control-plane worker (fair comparison).
@@ -210,11 +215,15 @@ async def main() -> None:
     from _common import (  # type: ignore[import-not-found]
         CpuMeter,
         big_fleet,
+        calib_us,
+        calibration,
+        normalize,
         pct,
         start_server,
         summary,
     )
 
+    calib_start = calib_us()  # before the server and the workers load the machine
     # Before any worker exists, so every side runs alike (building Headway's worker
     # would install it anyway, for the whole process).
     fastpath = sdk_fastpath.install()
@@ -302,48 +311,60 @@ async def main() -> None:
     finally:
         store.close()
         await env.shutdown()
-    print(
-        json.dumps(
-            {
-                "n": args.n,
-                "rounds": args.rounds,
-                "bare_wf_per_s": summary(bare),
-                "headway_actions_per_s": summary(head),
-                "ratio": summary(ratio),
-                "bare_eager_wf_per_s": summary(eager),
-                "ratio_vs_eager": summary(ratio_eager),
-                "bare_unsandboxed_wf_per_s": summary(unsb),
-                "ratio_vs_unsandboxed": summary(ratio_unsb),
-                "lifecycle_floor_wf_per_s": summary(life),
-                "ratio_vs_lifecycle_floor": summary(ratio_life),
-                "lifecycle_floor_vs_bare": summary(
-                    [x / y for x, y in zip(life, bare, strict=True)]
-                ),
-                "enqueue_to_admit_ms": {
-                    "p50": round(pct(lat, 50), 1),
-                    "p99": round(pct(lat, 99), 1),
-                },
-                "cpu_ms_per_workflow": {
-                    side: {
-                        "python": round(statistics.median(c[0] for c in cs), 2),
-                        "server": round(statistics.median(c[1] for c in cs), 2),
-                    }
-                    for side, cs in (
-                        ("bare", cpu["bare"]),
-                        ("bare_eager", cpu["eager"]),
-                        ("bare_unsandboxed", cpu["unsb"]),
-                        ("lifecycle_floor", cpu["life"]),
-                        ("headway", cpu["head"]),
-                    )
-                },
-                "clusters": 1,
-                "sdk_fastpath": fastpath,
-                "gc_frozen": frozen,
-                "gc_young_threshold": young,
-                "scheduler": {k: stats[k] for k in ("passes", "syncs", "dispatches", "admitted")},
+    calib = calibration(calib_start, calib_us())
+    out: dict[str, Any] = {
+        "n": args.n,
+        "rounds": args.rounds,
+        "calib_us": calib,
+        "bare_wf_per_s": summary(bare),
+        "headway_actions_per_s": summary(head),
+        "ratio": summary(ratio),
+        "bare_eager_wf_per_s": summary(eager),
+        "ratio_vs_eager": summary(ratio_eager),
+        "bare_unsandboxed_wf_per_s": summary(unsb),
+        "ratio_vs_unsandboxed": summary(ratio_unsb),
+        "lifecycle_floor_wf_per_s": summary(life),
+        "ratio_vs_lifecycle_floor": summary(ratio_life),
+        "lifecycle_floor_vs_bare": summary([x / y for x, y in zip(life, bare, strict=True)]),
+        "enqueue_to_admit_ms": {
+            "p50": round(pct(lat, 50), 1),
+            "p99": round(pct(lat, 99), 1),
+        },
+        "cpu_ms_per_workflow": {
+            side: {
+                "python": round(statistics.median(c[0] for c in cs), 2),
+                "server": round(statistics.median(c[1] for c in cs), 2),
             }
-        )
+            for side, cs in (
+                ("bare", cpu["bare"]),
+                ("bare_eager", cpu["eager"]),
+                ("bare_unsandboxed", cpu["unsb"]),
+                ("lifecycle_floor", cpu["life"]),
+                ("headway", cpu["head"]),
+            )
+        },
+        "clusters": 1,
+        "sdk_fastpath": fastpath,
+        "gc_frozen": frozen,
+        "gc_young_threshold": young,
+        "scheduler": {k: stats[k] for k in ("passes", "syncs", "dispatches", "admitted")},
+    }
+    out["normalized"] = normalize(
+        {
+            k: out[k]
+            for k in (
+                "bare_wf_per_s",
+                "headway_actions_per_s",
+                "bare_eager_wf_per_s",
+                "bare_unsandboxed_wf_per_s",
+                "lifecycle_floor_wf_per_s",
+                "enqueue_to_admit_ms",
+                "cpu_ms_per_workflow",
+            )
+        },
+        calib["mean"],
     )
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,11 @@
   ``action_hops_ms`` splits A's actions' time, from their histories, into waits for a
   worker to take a task and the workers' own time, idle and under the backlog.
 
+``calib_us``: the machine's calibration at the start (before the 1M bulk load) and at the
+end (after the server stopped), and their mean (``bench/_common.py``); ``normalized``:
+the times (the 1M pass and its parts, the isolation runs, drains and hops) as on a 100 us
+machine (``t * 100 / calib``). Counts, bytes and ratios need no normalizing.
+
     python bench/scheduler_history.py [--n 500] [--rounds 5] [--million 1000000]
 """
 
@@ -184,8 +189,16 @@ async def main() -> None:
     ap.add_argument("--million", type=int, default=1_000_000)
     ap.add_argument("--backlog", type=int, default=10_000)
     args = ap.parse_args()
-    from _common import big_fleet, instant_delete, instant_run, start_server
+    from _activities import instant_delete, instant_run  # type: ignore[import-not-found]
+    from _common import (  # type: ignore[import-not-found]
+        big_fleet,
+        calib_us,
+        calibration,
+        normalize,
+        start_server,
+    )
 
+    calib_start = calib_us()  # before the bulk load, the server and the workers
     tmp = tempfile.mkdtemp()
     out: dict[str, object] = {}
     m = million_pass(f"sqlite:///{tmp}/million.db", args.million)
@@ -266,8 +279,10 @@ async def main() -> None:
     finally:
         store.close()
         await env.shutdown()
+    calib = calibration(calib_start, calib_us())
     out = {
         "actions": args.n,
+        "calib_us": calib,
         "scheduler_events_per_action": round(per_action, 3),
         "continue_as_new_payload_bytes": {"pending_10k": c10k, "pending_100k": c100k},
         "pending_leases_1m": {
@@ -304,6 +319,28 @@ async def main() -> None:
         "gc_frozen": out_frozen,
         "gc_young_threshold": young,
     }
+    pl = out["pending_leases_1m"]
+    iso = out["isolation"]
+    assert isinstance(pl, dict) and isinstance(iso, dict)
+    out["normalized"] = normalize(
+        {
+            "pending_leases_1m": {
+                k: pl[k]
+                for k in (
+                    "pass_ms",
+                    "sync_ms",
+                    "core_pass_ms",
+                    "admit_window_pass_ms",
+                    "bulk_load_s",
+                )
+            },
+            "isolation": {
+                k: iso[k]
+                for k in ("idle_ms", "under_backlog_ms", "backlog_drain_s", "action_hops_ms")
+            },
+        },
+        calib["mean"],
+    )
     print(json.dumps(out))
 
 
