@@ -34,6 +34,8 @@ from itertools import compress
 from operator import attrgetter, itemgetter
 from typing import Any, Protocol
 
+from .door import Bucket, QueueDoor
+from .door import decide as decide_door
 from .fit import ClusterState, Runs, runs_of, sort_pods, uniform
 from .model import (
     ActionSpec,
@@ -1191,30 +1193,32 @@ class Scheduler:
             v = self._could_hold[k] = c.could_hold(runs)
         return v
 
-    def submit(self, action: ActionSpec, now: float) -> Reason | None:
-        """Enqueue an action. Returns None if accepted, else the rejection reason."""
+    def submit(self, action: ActionSpec, now: float, *, door: bool = True) -> Reason | None:
+        """Enqueue an action. Returns None if accepted, else the rejection reason.
+
+        ``door``: apply the door's rules here (``scheduler.door``: the queue's status and
+        depth, the submit rate). False for a submission the live door (the lease store)
+        took in already: it was decided then, against the store's whole backlog.
+        """
         q = self.queues.get(action.queue)
-        if q is None:
-            return Reason.UnknownQueue
-        if action.id in self.actions:
+        if q is not None and action.id in self.actions:
             raise ValueError(f"action: {action.id!r} is already known")
+        if door or q is None:
+            held = len(q.waiting) + q.running if q is not None else 0
+            d = decide_door(
+                action.queue,
+                QueueDoor.of(q.spec) if q is not None else None,
+                self.org.submit_rate,
+                held,
+                Bucket(self.tokens, self.token_time),
+                Bucket(),
+                now,
+            )
+            self.tokens, self.token_time = d.org.tokens, d.org.at
+            if d.reason is not None:
+                return d.reason
+        assert q is not None  # the door answers UnknownQueue
         spec = q.spec
-        if spec.status is not QueueStatus.active:
-            return Reason.QueueDraining
-        if spec.depth is not None and len(q.waiting) + q.running >= spec.depth:
-            return Reason.QueueDepthExceeded
-        rate = self.org.submit_rate
-        if rate is not None:
-            if self.tokens is None:
-                self.tokens = rate.burst
-            else:
-                self.tokens = min(
-                    rate.burst, self.tokens + (now - self.token_time) * rate.per_second
-                )
-            self.token_time = now
-            if self.tokens < 1.0:
-                return Reason.RateLimited
-            self.tokens -= 1.0
         run = action.run_id
         cap = self.org.max_actions_per_run
         if cap is not None and self.run_accepted.get(run, 0) >= cap:
