@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from headway import protocol
@@ -34,7 +34,11 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowHandle,
 )
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import (
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 from temporalio.exceptions import (
     ApplicationError,
     CancelledError,
@@ -47,15 +51,25 @@ from temporalio.exceptions import (
 from temporalio.service import RPCError, RPCStatusCode
 
 __all__ = [
+    "ACTION_STATES",
     "ActionConflictError",
+    "ActionDetails",
+    "ActionNotFoundError",
+    "ActionRow",
+    "CancelOutcome",
     "Submission",
+    "action_details",
     "action_state",
+    "actions_query",
     "cancel",
+    "cancel_action",
     "ensure_scheduler",
     "ensure_search_attributes",
     "get_fleet",
     "get_org",
     "get_queues",
+    "get_snapshot",
+    "list_actions",
     "nudge_scheduler",
     "set_org",
     "submit",
@@ -456,3 +470,362 @@ async def ensure_search_attributes(client: Client, namespace: str | None = None)
     except Exception as err:  # already registered
         if "already" not in str(err).lower():
             raise
+
+
+# --- reading and cancelling actions (``headway get actions``, ``describe``, ``cancel``) ---
+
+#: Every state an action is shown in, in lifecycle order (``submitting``: started, its
+#: first task not yet through, so Temporal's visibility has no attributes for it yet).
+ACTION_STATES = ("submitting", "waiting", "running", "succeeded", "failed", "cancelled", "rejected")
+
+#: ``WorkflowExecutionStatus`` values for which the action's own state is kept, and the
+#: state (and reason) the others end as whatever the attributes last said: a workflow
+#: terminated or timed out by hand ran no further, a cancelled one was cancelled.
+_CLOSED_AS: dict[WorkflowExecutionStatus, tuple[str, str | None]] = {
+    WorkflowExecutionStatus.CANCELED: ("cancelled", "Cancelled"),
+    WorkflowExecutionStatus.TERMINATED: ("failed", "Terminated"),
+    WorkflowExecutionStatus.TIMED_OUT: ("failed", "TimedOut"),
+}
+
+
+class ActionNotFoundError(Exception):
+    """No action of that id in the tenant (never submitted, or past retention)."""
+
+    def __init__(self, tenant: str, action_id: str) -> None:
+        self.tenant = tenant
+        self.action_id = action_id
+        super().__init__(f"action {action_id!r} not found in tenant {tenant!r}")
+
+
+@dataclass
+class ActionRow:
+    """One action as Temporal's visibility lists it (no workflow is asked anything)."""
+
+    action_id: str
+    tenant: str
+    queue: str | None
+    run: str | None
+    state: str
+    reason: str | None
+    cluster: str | None
+    workflow_id: str
+    status: str  # the workflow's execution status, lower case (running, completed, ...)
+    started_at: float | None = None
+    ended_at: float | None = None
+
+
+def _q(value: str) -> str:
+    """A string literal of Temporal's list filter."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def actions_query(
+    tenant: str,
+    *,
+    queue: str | None = None,
+    state: str | None = None,
+    run: str | None = None,
+    in_flight: bool = False,
+) -> str:
+    """The visibility filter that lists a tenant's actions.
+
+    Actions of revision 2+ get their attributes in their first task, so an action just
+    started has none yet: those (running, no ``HeadwayTenant``) are listed too, and
+    :func:`list_actions` keeps the ones whose memo (set at start) matches.
+    """
+    if state is not None and state not in ACTION_STATES:
+        raise ValueError(f"state: {state!r} is not one of {', '.join(ACTION_STATES)}")
+    published = [f"HeadwayTenant = {_q(tenant)}"]
+    if queue is not None:
+        published.append(f"HeadwayQueue = {_q(queue)}")
+    if run is not None:
+        published.append(f"HeadwayRun = {_q(run)}")
+    running = "ExecutionStatus = 'Running'"
+    if state in ("waiting", "running"):
+        published.append(f"HeadwayState = {_q(state)} AND {running}")
+    elif state == "failed":
+        published.append(
+            "(HeadwayState = 'failed' OR ExecutionStatus = 'Terminated'"
+            " OR ExecutionStatus = 'TimedOut')"
+        )
+    elif state == "cancelled":
+        published.append("(HeadwayState = 'cancelled' OR ExecutionStatus = 'Canceled')")
+    elif state in ("succeeded", "rejected"):
+        published.append(f"HeadwayState = {_q(state)}")
+    if in_flight and state not in ("waiting", "running"):  # those say it already
+        published.append(running)
+    clauses = [] if state == "submitting" else [" AND ".join(published)]
+    if state in (None, "submitting"):
+        clauses.append(f"(HeadwayTenant IS NULL AND {running})")
+    which = clauses[0] if len(clauses) == 1 else "(" + ") OR (".join(clauses) + ")"
+    return f"WorkflowType = {_q(protocol.ACTION_WORKFLOW)} AND ({which})"
+
+
+def _state_of(
+    status: WorkflowExecutionStatus | None, sa: TypedSearchAttributes
+) -> tuple[str, str | None]:
+    """An action's state and reason from its attributes and its workflow's status."""
+    state = sa.get(SA["HeadwayState"])
+    reason = sa.get(SA["HeadwayReason"])
+    if status is None or status == WorkflowExecutionStatus.RUNNING:
+        return (state or "submitting", reason)
+    if status in _CLOSED_AS:
+        if status == WorkflowExecutionStatus.CANCELED or state not in ACTION_STATES[3:]:
+            return _CLOSED_AS[status]
+        return (state, reason)  # it had ended in its own terms first
+    if state in ACTION_STATES[3:]:
+        return (state, reason)
+    return (
+        ("succeeded", reason) if status == WorkflowExecutionStatus.COMPLETED else ("failed", reason)
+    )
+
+
+async def list_actions(
+    client: Client,
+    tenant: str,
+    *,
+    queue: str | None = None,
+    state: str | None = None,
+    run: str | None = None,
+    in_flight: bool = False,
+    limit: int | None = 100,
+) -> list[ActionRow]:
+    """The tenant's actions from Temporal's visibility, newest first.
+
+    Args:
+        queue, state, run: keep only actions with this queue, state (one of
+            ``ACTION_STATES``) or run.
+        in_flight: only actions whose workflow still runs (submitting, waiting, running).
+        limit: at most this many rows (None: all).
+
+    Visibility lags the workflows by a moment (it is written asynchronously).
+    """
+    query = actions_query(tenant, queue=queue, state=state, run=run, in_flight=in_flight)
+    prefix = protocol.action_workflow_id(tenant, "")
+    out: list[ActionRow] = []
+    async for w in client.list_workflows(query):
+        sa = w.typed_search_attributes
+        memo: dict[str, Any] = {}
+        if sa.get(SA["HeadwayTenant"]) is None:
+            memo = dict(await w.memo())
+            own_run = memo.get("run") or memo.get("action_id")
+            if memo.get("tenant") != tenant or (queue is not None and memo.get("queue") != queue):
+                continue
+            if run is not None and own_run != run:
+                continue
+        st, reason = _state_of(w.status, sa)
+        if state is not None and st != state:
+            continue
+        action_id = memo.get("action_id") or w.id.removeprefix(prefix)
+        out.append(
+            ActionRow(
+                action_id=str(action_id),
+                tenant=tenant,
+                queue=sa.get(SA["HeadwayQueue"]) or memo.get("queue"),
+                run=sa.get(SA["HeadwayRun"]) or memo.get("run") or memo.get("action_id"),
+                state=st,
+                reason=reason,
+                cluster=sa.get(SA["HeadwayCluster"]),
+                workflow_id=w.id,
+                status=w.status.name.lower() if w.status is not None else "unknown",
+                started_at=w.start_time.timestamp() if w.start_time else None,
+                ended_at=w.close_time.timestamp() if w.close_time else None,
+            )
+        )
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+@dataclass
+class ActionDetails:
+    """What Temporal knows of one action: its workflow, its submission, its own state
+    query, and how it ended. The scheduler's side (why, position) is asked separately.
+
+    Attributes:
+        request: the submission, read back from the workflow's first event.
+        status: the action's ``state`` query (None when it could not be asked: an ended
+            action is answered by replaying it, which needs a control-plane worker).
+        result: how it ended, when it has.
+        attempts: attempts of its cluster activity (1 = no retry), 0 if never dispatched.
+        last_failure: the message of the cluster activity's last failed attempt.
+        cancel_requested_by: who asked for the cancellation (Temporal's identity).
+    """
+
+    action_id: str
+    tenant: str
+    workflow_id: str
+    run_id: str | None
+    state: str
+    reason: str | None
+    execution_status: str
+    started_at: float | None
+    ended_at: float | None
+    queue: str | None = None
+    run: str | None = None
+    cluster: str | None = None
+    request: SubmitRequest | None = None
+    status: ActionStatus | None = None
+    result: ActionResult | None = None
+    attempts: int = 0
+    last_failure: str = ""
+    cancel_requested_by: str | None = None
+    history_length: int = 0
+    memo: dict[str, Any] = field(default_factory=dict)
+
+
+async def action_details(client: Client, tenant: str, action_id: str) -> ActionDetails:
+    """Everything Temporal holds about one action (see :class:`ActionDetails`).
+
+    Raises:
+        ActionNotFoundError: no such action in the tenant.
+    """
+    workflow_id = protocol.action_workflow_id(tenant, action_id)
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        desc = await handle.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND and "namespace" not in err.message.lower():
+            raise ActionNotFoundError(tenant, action_id) from err
+        raise
+    if desc.workflow_type != protocol.ACTION_WORKFLOW:
+        raise ActionNotFoundError(tenant, action_id)
+    sa = desc.typed_search_attributes
+    state, reason = _state_of(desc.status, sa)
+    memo = dict(await desc.memo())
+    d = ActionDetails(
+        action_id=action_id,
+        tenant=tenant,
+        workflow_id=workflow_id,
+        run_id=desc.run_id,
+        state=state,
+        reason=reason,
+        execution_status=desc.status.name.lower() if desc.status is not None else "unknown",
+        started_at=desc.start_time.timestamp() if desc.start_time else None,
+        ended_at=desc.close_time.timestamp() if desc.close_time else None,
+        queue=sa.get(SA["HeadwayQueue"]) or memo.get("queue"),
+        run=sa.get(SA["HeadwayRun"]) or memo.get("run") or action_id,
+        cluster=sa.get(SA["HeadwayCluster"]),
+        memo=memo,
+    )
+    await _read_history(client, handle, d)
+    for pending in desc.raw_description.pending_activities:
+        if pending.activity_type.name == protocol.RUN_ACTION_ACTIVITY:
+            d.attempts = max(d.attempts, pending.attempt)
+            if pending.HasField("last_failure"):
+                d.last_failure = pending.last_failure.message
+    try:
+        d.status = await handle.query(ActionWorkflow.state)
+    except Exception:  # an ended action needs a worker to replay it: shown without
+        d.status = None
+    if d.status is not None:
+        d.cluster = d.status.cluster or d.cluster
+    if desc.status not in (None, WorkflowExecutionStatus.RUNNING):
+        d.result = await wait_result(handle, action_id=action_id)
+        if desc.status not in _CLOSED_AS:
+            d.state, d.reason = d.result.state, d.result.reason or d.reason
+        d.cluster = d.result.cluster or d.cluster
+    return d
+
+
+async def _read_history(client: Client, handle: WorkflowHandle[Any, Any], d: ActionDetails) -> None:
+    """The submission (first event), the cluster activity's attempts and failures, and
+    who asked for a cancellation, from the action's history (a few dozen events)."""
+    from temporalio.api.enums.v1 import EventType
+
+    run_action_events: set[int] = set()
+    async for event in handle.fetch_history_events():
+        d.history_length += 1
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            payloads = event.workflow_execution_started_event_attributes.input.payloads
+            try:
+                values = await client.data_converter.decode(payloads, [SubmitRequest])
+            except Exception:  # not an action's submission: left out
+                values = []
+            if values and isinstance(values[0], SubmitRequest):
+                d.request = values[0]
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == protocol.RUN_ACTION_ACTIVITY:
+                run_action_events.add(event.event_id)
+                d.attempts = max(d.attempts, 1)
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            started = event.activity_task_started_event_attributes
+            if started.scheduled_event_id in run_action_events:
+                d.attempts = max(d.attempts, started.attempt)
+                if started.HasField("last_failure"):
+                    d.last_failure = started.last_failure.message
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED:
+            who = event.workflow_execution_cancel_requested_event_attributes.identity
+            d.cancel_requested_by = who or "unknown"
+
+
+@dataclass
+class CancelOutcome:
+    """What :func:`cancel_action` did.
+
+    Attributes:
+        before: the action's state when asked (``submitting``/``waiting``/``running``, or
+            how it had already ended).
+        requested: whether a cancellation was sent (False: it had ended already).
+        result: how it ended (None: not waited for, or still ending at the timeout).
+        cluster: where it ran, if it had been admitted.
+    """
+
+    action_id: str
+    before: str
+    requested: bool
+    result: ActionResult | None = None
+    cluster: str | None = None
+
+
+async def cancel_action(
+    client: Client, tenant: str, action_id: str, *, wait: bool = True, timeout_s: float = 120.0
+) -> CancelOutcome:
+    """Cancel one action and (by default) wait until it has ended.
+
+    The action's workflow is cancelled: a waiting action leaves its queue (its lease ends
+    as ``cancelled``); a running one has its cluster activity cancelled, which deletes
+    the pods, then a delete activity makes sure none is left, and the reservation is
+    released. Either way the end is recorded once and the action ends ``cancelled``.
+    An action that had ended already is left as it is.
+
+    Raises:
+        ActionNotFoundError: no such action in the tenant.
+    """
+    workflow_id = protocol.action_workflow_id(tenant, action_id)
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        desc = await handle.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND and "namespace" not in err.message.lower():
+            raise ActionNotFoundError(tenant, action_id) from err
+        raise
+    if desc.workflow_type != protocol.ACTION_WORKFLOW:
+        raise ActionNotFoundError(tenant, action_id)
+    before, _ = _state_of(desc.status, desc.typed_search_attributes)
+    cluster = desc.typed_search_attributes.get(SA["HeadwayCluster"])
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        result = await wait_result(handle, action_id=action_id)
+        return CancelOutcome(action_id, result.state, False, result, result.cluster or cluster)
+    # Cancel this run, not whatever run the id names later.
+    run_handle = client.get_workflow_handle(workflow_id, run_id=desc.run_id)
+    await run_handle.cancel()
+    if not wait:
+        return CancelOutcome(action_id, before, requested=True, cluster=cluster)
+    try:
+        result = await asyncio.wait_for(
+            wait_result(run_handle, action_id=action_id), timeout=timeout_s
+        )
+    except TimeoutError:
+        return CancelOutcome(action_id, before, requested=True, cluster=cluster)
+    return CancelOutcome(action_id, before, True, result, result.cluster or cluster)
+
+
+async def get_snapshot(client: Client, tenant: str) -> dict[str, Any]:
+    """The tenant scheduler's ``snapshot`` query: ``{"now", "snapshot"}`` (the core's
+    state as ``Scheduler.to_snapshot()`` writes it, and the scheduler's clock)."""
+    h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    out: dict[str, Any] = await h.query("snapshot")
+    return out
