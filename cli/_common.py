@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import socket
 import sys
@@ -34,6 +35,8 @@ DEFAULT_UI_PORT = 8233
 DATA_DIR_ENV = "HEADWAY_DATA_DIR"
 ADDRESS_ENV = "HEADWAY_TEMPORAL_ADDRESS"
 DATABASE_URL_ENV = "HEADWAY_DATABASE_URL"
+#: The Temporal Web UI (the same variable the SDK reads).
+UI_URL_ENV = "HEADWAY_UI_URL"
 
 
 @dataclass
@@ -51,23 +54,59 @@ def settings(ctx: click.Context) -> Settings:
     return obj if obj is not None else Settings()
 
 
+#: How long a command waits for the server to answer the connection (a black-holed
+#: address would otherwise hang the command).
+CONNECT_TIMEOUT_S = 15.0
+
+
 async def connect(cfg: Settings) -> Client:
     """A Temporal client for ``cfg``, or a :class:`click.ClickException` saying why not."""
     from headway import telemetry
     from temporalio.client import Client
 
     try:
-        return await Client.connect(
-            cfg.address,
-            namespace=cfg.namespace,
-            interceptors=telemetry.interceptors(),
-            data_converter=protocol.data_converter(),
+        return await asyncio.wait_for(
+            Client.connect(
+                cfg.address,
+                namespace=cfg.namespace,
+                interceptors=telemetry.interceptors(),
+                data_converter=protocol.data_converter(),
+            ),
+            CONNECT_TIMEOUT_S,
         )
+    except TimeoutError as exc:
+        raise unreachable(cfg, f"no answer in {CONNECT_TIMEOUT_S:.0f}s") from exc
     except Exception as exc:
-        raise click.ClickException(
-            f"cannot reach Temporal at {cfg.address} (namespace {cfg.namespace!r}): {exc}. "
-            "Is it running? Start one with `headway server start` or `headway up`."
-        ) from exc
+        raise unreachable(cfg, _short_cause(str(exc))) from exc
+
+
+def unreachable(cfg: Settings, why: str) -> click.ClickException:
+    """The one line every command prints when the server cannot be reached."""
+    return click.ClickException(
+        f"cannot reach Temporal at {cfg.address} ({why}). Is it running? Start one with "
+        "`headway server start` or `headway up`, or point --address "
+        f"(env {ADDRESS_ENV}) at it."
+    )
+
+
+def _short_cause(text: str) -> str:
+    """The gist of a connection error (the transport's own text spans a screen)."""
+    low = text.lower()
+    for needle, gist in (
+        ("connection refused", "connection refused"),
+        ("dns error", "unknown host"),
+        ("failed to lookup", "unknown host"),
+        ("name or service not known", "unknown host"),
+        ("timed out", "timed out"),
+        ("invalid uri", "not a host:port address"),
+        ("invalid authority", "not a host:port address"),
+        ("unauthenticated", "not authorized"),
+        ("tls", "TLS handshake failed"),
+    ):
+        if needle in low:
+            return gist
+    first = text.strip().splitlines()[0] if text.strip() else "unknown error"
+    return first if len(first) <= 120 else first[:117] + "..."
 
 
 async def connect_retrying(cfg: Settings, timeout_s: float = 60.0) -> Client:
@@ -84,7 +123,11 @@ async def connect_retrying(cfg: Settings, timeout_s: float = 60.0) -> Client:
 
 
 def with_client(cfg: Settings, body: Callable[[Client], Awaitable[T]]) -> T:
-    """Connect, run ``body(client)`` and return its result, on a loop of its own."""
+    """Connect, run ``body(client)`` and return its result, on a loop of its own.
+
+    Whatever the server answers with goes out as one line naming what is missing (the
+    server, the namespace, the tenant's scheduler), never as a traceback.
+    """
 
     async def go() -> T:
         from temporalio.client import WorkflowQueryFailedError, WorkflowUpdateFailedError
@@ -100,9 +143,101 @@ def with_client(cfg: Settings, body: Callable[[Client], Awaitable[T]]) -> T:
         except WorkflowQueryFailedError as exc:
             raise click.ClickException(f"query failed: {exc}") from exc
         except RPCError as exc:
-            raise click.ClickException(f"Temporal at {cfg.address}: {exc.message}") from exc
+            raise rpc_error(cfg, exc) from exc
 
     return asyncio.run(go())
+
+
+def rpc_error(cfg: Settings, exc: Exception) -> click.ClickException:
+    """One line for a server error: unreachable, unknown namespace, no scheduler for the
+    tenant, or else the server's own message."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    if not isinstance(exc, RPCError):
+        return click.ClickException(str(exc))
+    msg = exc.message or str(exc)
+    if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+        return unreachable(cfg, _short_cause(msg))
+    if exc.status == RPCStatusCode.NOT_FOUND:
+        if "namespace" in msg.lower():
+            return click.ClickException(
+                f"namespace {cfg.namespace!r} does not exist on Temporal at {cfg.address} "
+                "(--namespace; list them with `temporal operator namespace list`)"
+            )
+        if protocol.scheduler_workflow_id(cfg.tenant) in msg:
+            return no_tenant(cfg)
+    return click.ClickException(f"Temporal at {cfg.address}: {msg}")
+
+
+def no_tenant(cfg: Settings) -> click.ClickException:
+    """The tenant has no scheduler: nothing was ever created or submitted under it."""
+    return click.ClickException(
+        f"tenant {cfg.tenant!r} has no scheduler on {cfg.address} (namespace "
+        f"{cfg.namespace!r}): create a queue or submit under it first, or check --tenant"
+    )
+
+
+# --- names ------------------------------------------------------------------------------
+
+#: Queue, cluster and tenant names: DNS-1123 labels (they end up in workflow ids, task
+#: queue names, pod labels and URLs, where anything else breaks or must be escaped).
+NAME_MAX = 63
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+#: Action ids and run names: DNS-1123-like, with the upper case, '.' and '_' that task
+#: names and generated ids use; they end up in workflow ids and Temporal queries.
+ID_MAX = 200
+_ID = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9._]*[A-Za-z0-9])?")
+
+
+def check_name(value: str, field: str) -> str:
+    """``value`` if it is a valid queue/cluster/tenant name, else a usage error naming
+    ``field`` (the flag or argument) and the value."""
+    if len(value) > NAME_MAX:
+        raise click.BadParameter(
+            f"{field}: {_clip(value)!r} is {len(value)} characters long (at most {NAME_MAX})"
+        )
+    if not _NAME.fullmatch(value):
+        raise click.BadParameter(
+            f"{field}: {value!r} is not a valid name: use lower-case letters, digits and "
+            "'-', starting and ending with a letter or digit (DNS-1123 label)"
+        )
+    return value
+
+
+def check_id(value: str, field: str) -> str:
+    """``value`` if it is a valid action id or run name, else a usage error naming it."""
+    if len(value) > ID_MAX:
+        raise click.BadParameter(
+            f"{field}: {_clip(value)!r} is {len(value)} characters long (at most {ID_MAX})"
+        )
+    if not _ID.fullmatch(value):
+        raise click.BadParameter(
+            f"{field}: {value!r} is not a valid id: use letters, digits, '-', '.' and '_', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+def _clip(value: str) -> str:
+    return value if len(value) <= 40 else value[:37] + "..."
+
+
+def ui_url(cfg: Settings) -> str:
+    """The Temporal Web UI: ``$HEADWAY_UI_URL``, else the dev server's default beside
+    ``--address`` (its UI listens on the gRPC port + 1000 unless told otherwise)."""
+    explicit = os.environ.get(UI_URL_ENV)
+    if explicit:
+        return explicit.rstrip("/")
+    host, _, port = cfg.address.rpartition(":")
+    if not host or not port.isdigit():
+        return f"http://localhost:{DEFAULT_UI_PORT}"
+    host = "localhost" if host in ("127.0.0.1", "0.0.0.0", "[::1]", "::1") else host
+    return f"http://{host}:{int(port) + 1000}"
+
+
+def workflow_url(cfg: Settings, workflow_id: str) -> str:
+    """The Web UI page of one workflow."""
+    return f"{ui_url(cfg)}/namespaces/{cfg.namespace}/workflows/{workflow_id}"
 
 
 def temporal_binary() -> str:

@@ -7,7 +7,6 @@ the scheduler one query and can never disagree with it given the same estimates.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -17,8 +16,10 @@ from headway.scheduler.insight import forecast as run_forecast
 from headway.scheduler.insight import what_if as run_what_if
 from headway.scheduler.model import QueueSpec
 
-from ._common import settings, with_client
+from ._common import check_name, settings, with_client
+from ._output import emit_structured, output_option, render_table
 from ._specs import queue_to_entry
+from .completion import complete_queues
 from .queues import _apply_flags, _checked, _queue_options
 
 if TYPE_CHECKING:
@@ -66,12 +67,14 @@ def _fmt(seconds: float | None) -> str:
 @click.command("forecast")
 @click.option("--queue", "queue", help="Only this queue's actions.")
 @_runtime_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@output_option
 @click.pass_context
-def forecast(ctx: click.Context, queue: str | None, default_runtime: float, as_json: bool) -> None:
+def forecast(ctx: click.Context, queue: str | None, default_runtime: float, output: str) -> None:
     """When will each waiting action start? Runs the scheduler forward on a copy of its
     live state, with runtime estimates standing in for durations."""
     cfg = settings(ctx)
+    if queue is not None:
+        check_name(queue, "--queue")
 
     async def go(client: Client) -> tuple[Scheduler, float]:
         return await fetch_snapshot(client, cfg.tenant)
@@ -93,26 +96,29 @@ def forecast(ctx: click.Context, queue: str | None, default_runtime: float, as_j
                     "cluster": f.clusters.get(a.id),
                 }
             )
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
+    if emit_structured(rows, output):
         return
     if not rows:
         click.echo("nothing is waiting")
         return
-    click.echo(f"{'ACTION':<28} {'QUEUE':<16} {'REASON':<20} {'STARTS IN':>10}  CLUSTER")
-    for r in rows:
-        click.echo(
-            f"{r['action']:<28} {r['queue']:<16} {r['reason'] or '-':<20}"
-            f" {_fmt(r['starts_in_s']):>10}  {r['cluster'] or '-'}"
+    headers = ["action", "queue", "reason", "starts in", "cluster"]
+    click.echo(
+        render_table(
+            headers,
+            [
+                [r["action"], r["queue"], r["reason"], _fmt(r["starts_in_s"]), r["cluster"]]
+                for r in rows
+            ],
         )
+    )
 
 
 @click.command("what-if")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_queues)
 @_queue_options
 @click.option("--clear-cluster", is_flag=True, help="As if the queue could use any cluster.")
 @_runtime_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@output_option
 @click.pass_context
 def what_if(
     ctx: click.Context,
@@ -120,12 +126,13 @@ def what_if(
     name: str,
     clear_cluster: bool,
     default_runtime: float,
-    as_json: bool,
+    output: str,
     **flags: Any,
 ) -> None:
     """What if queue NAME had these settings? Forecasts every waiting action before and
     after the change (same flags as ``update queue``), without applying it."""
     cfg = settings(ctx)
+    check_name(name, "NAME")
     _checked(_apply_flags({"name": name}, flags))  # bad flags fail before any round trip
 
     async def go(client: Client) -> tuple[Scheduler, float]:
@@ -149,8 +156,7 @@ def what_if(
         }
         for aid, d in diff.items()
     ]
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
+    if emit_structured(rows, output):
         return
     moved = [r for r in rows if r["before_s"] != r["after_s"]]
     click.echo(f"{len(moved)} of {len(rows)} waiting actions would start at a different time")

@@ -9,9 +9,13 @@ import sys
 import click
 from headway import __version__, protocol
 
-from ._common import ADDRESS_ENV, DEFAULT_ADDRESS, Settings
+# clusters and queues add their commands to the verb groups when imported.
+from . import clusters, queues  # noqa: F401
+from ._common import ADDRESS_ENV, DEFAULT_ADDRESS, Settings, check_name
+from ._groups import create, describe, drain, get, resume, update
+from .actions import cancel
+from .completion import completion
 from .insight import forecast, what_if
-from .queues import create, get, update
 from .server import server
 from .submit import submit, why
 from .up import up
@@ -20,7 +24,30 @@ from .worker import worker
 __all__ = ["cli", "main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: Shown under ``headway --help``: what scripts can rely on.
+EPILOG = """\b
+Exit codes:
+  0  done
+  1  an error: the server unreachable, a resource missing, a request refused, an action
+     not found or not ended in time (one line on stderr says which)
+  2  a usage error: a bad flag or value, named with the value
+\b
+Reads take -o table|wide|json|yaml (--json is -o json). Quantities are in Kubernetes
+units (500m, 64Gi). Shell completion: headway completion bash|zsh|fish."""
+
+
+def _check_tenant(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return check_name(value, "--tenant")
+    except click.BadParameter as exc:
+        # The message names the flag already; click would name it a second time.
+        raise click.UsageError(exc.message, ctx) from None
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
+    epilog=EPILOG,
+)
 @click.option(
     "--address",
     envvar=ADDRESS_ENV,
@@ -32,7 +59,11 @@ __all__ = ["cli", "main"]
     "--namespace", default=protocol.DEFAULT_NAMESPACE, show_default=True, help="Temporal namespace."
 )
 @click.option(
-    "--tenant", default=protocol.DEFAULT_TENANT, show_default=True, help="Headway tenant (shard)."
+    "--tenant",
+    default=protocol.DEFAULT_TENANT,
+    show_default=True,
+    callback=_check_tenant,
+    help="Headway tenant (shard).",
 )
 @click.version_option(__version__, prog_name="headway")
 @click.pass_context
@@ -42,7 +73,23 @@ def cli(ctx: click.Context, address: str, namespace: str, tenant: str) -> None:
     ctx.obj = Settings(address=address, namespace=namespace, tenant=tenant)
 
 
-for command in (server, worker, up, create, update, get, submit, why, forecast, what_if):
+for command in (
+    server,
+    worker,
+    up,
+    create,
+    update,
+    get,
+    describe,
+    drain,
+    resume,
+    cancel,
+    submit,
+    why,
+    forecast,
+    what_if,
+    completion,
+):
     cli.add_command(command)
 
 try:

@@ -1,5 +1,6 @@
-"""Queue and org commands: ``headway create queue``, ``headway update queue``,
-``headway get queues``, ``headway get org``, ``headway update org``.
+"""Queue and org commands: ``headway create queue``, ``update queue``, ``get queues``,
+``get queue NAME``, ``describe queue NAME``, ``drain queue``, ``resume queue``, ``get org``,
+``update org``.
 
 Every flag is checked on this side with the scheduler core's parsers before anything is
 sent, so bad input fails naming the flag and the value and nothing is half-applied.
@@ -7,15 +8,36 @@ sent, so bad input fails naming the flag and the value and nothing is half-appli
 
 from __future__ import annotations
 
-import json
+import math
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import yaml
-from headway.scheduler.model import LIMIT_KNOBS, QUEUE_KNOBS, Knob, KnobKind, OrgLimits, QueueSpec
+from headway.scheduler.model import (
+    LIMIT_KNOBS,
+    QUEUE_KNOBS,
+    Knob,
+    KnobKind,
+    OrgLimits,
+    QueueSpec,
+    QueueStatus,
+)
 
-from ._common import settings, with_client
+from ._common import Settings, check_name, no_tenant, settings, with_client
+from ._groups import create, describe, drain, get, resume, update
+from ._output import (
+    Block,
+    duration,
+    emit_structured,
+    fmt_cpu,
+    fmt_gpu,
+    fmt_memory,
+    limit,
+    output_option,
+    render_table,
+)
 from ._specs import (
     QUEUE_FIELDS,
     UNSET_WORDS,
@@ -24,11 +46,13 @@ from ._specs import (
     queue_from_entry,
     queue_to_entry,
 )
+from .completion import complete_clusters, complete_queues
 
 if TYPE_CHECKING:
+    from headway.scheduler import Scheduler
     from temporalio.client import Client
 
-__all__ = ["create", "get", "update"]
+__all__ = ["create", "describe", "drain", "fetch_queues", "get", "resume", "update"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,7 +81,15 @@ def _knob_options(k: Knob) -> list[Callable[[F], F]]:
         return [click.option("--" + f.replace("_", "-"), help=h) for f, h in _QUOTA_HELP.items()]
     if k.kind is KnobKind.clusters:
         help_ = "A cluster this queue may dispatch to (repeat; default: any healthy one)."
-        return [click.option("--cluster", "clusters", multiple=True, help=help_)]
+        return [
+            click.option(
+                "--cluster",
+                "clusters",
+                multiple=True,
+                help=help_,
+                shell_complete=complete_clusters,
+            )
+        ]
     return [click.option("--" + k.name.replace("_", "-"), help=k.help)]
 
 
@@ -126,36 +158,24 @@ async def fetch_queues(client: Client, tenant: str) -> dict[str, dict[str, Any]]
     try:
         return await hw.get_queues(client, tenant)
     except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
+        # No scheduler yet: no queue. A missing namespace is an error of its own.
+        if exc.status == RPCStatusCode.NOT_FOUND and "namespace" not in exc.message.lower():
             return {}
         raise
 
 
-# --- create / update / get groups -------------------------------------------------------
-
-
-@click.group()
-def create() -> None:
-    """Create a resource (queue)."""
-
-
-@click.group()
-def update() -> None:
-    """Update a resource (queue, org) live; work in flight is never killed."""
-
-
-@click.group()
-def get() -> None:
-    """Show resources (queues, org)."""
+# --- create / update ---------------------------------------------------------------------
 
 
 @create.command("queue")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_queues)
 @_queue_options
 @click.pass_context
 def create_queue(ctx: click.Context, /, name: str, **flags: Any) -> None:
     """Create the queue NAME with the policy given by the flags."""
     cfg = settings(ctx)
+    check_name(name, "NAME")
+    _check_clusters(flags)
     spec = _checked(_apply_flags({"name": name}, flags))
 
     async def go(client: Client) -> None:
@@ -172,7 +192,7 @@ def create_queue(ctx: click.Context, /, name: str, **flags: Any) -> None:
 
 
 @update.command("queue")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_queues)
 @_queue_options
 @click.option("--clear-cluster", is_flag=True, help="Let the queue use any healthy cluster.")
 @click.option("--edit", is_flag=True, help="Edit the queue as YAML in $EDITOR.")
@@ -182,6 +202,8 @@ def update_queue(
 ) -> None:
     """Change the queue NAME live: only the flags given change."""
     cfg = settings(ctx)
+    check_name(name, "NAME")
+    _check_clusters(flags)
     if clear_cluster and flags.get("clusters"):
         raise click.BadParameter("--cluster and --clear-cluster contradict each other")
     _checked(_apply_flags({"name": name}, flags))  # bad flags fail before any round trip
@@ -213,6 +235,11 @@ def update_queue(
     click.echo(f"queue {name!r} updated" if changed else f"queue {name!r} unchanged")
 
 
+def _check_clusters(flags: Mapping[str, Any]) -> None:
+    for c in flags.get("clusters") or ():
+        check_name(c, "--cluster")
+
+
 def _edit(entry: dict[str, Any]) -> dict[str, Any]:
     text = yaml.safe_dump(
         {k: entry.get(k) for k in QUEUE_FIELDS}, sort_keys=False, default_flow_style=False
@@ -229,32 +256,17 @@ def _edit(entry: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _emit_structured(data: Any, output: str) -> bool:
-    """Print ``data`` as JSON or YAML when asked; False means the caller draws a table."""
-    if output == "json":
-        click.echo(json.dumps(data, indent=2))
-    elif output == "yaml":
-        click.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
-    else:
-        return False
-    return True
-
-
-def _output_option(f: F) -> F:
-    return click.option(
-        "-o",
-        "--output",
-        type=click.Choice(["table", "yaml", "json"]),
-        default="table",
-        show_default=True,
-    )(f)
+# --- get / describe ---------------------------------------------------------------------
 
 
 @get.command("queues")
-@_output_option
+@output_option
 @click.pass_context
 def get_queues(ctx: click.Context, output: str) -> None:
-    """List the tenant's queues with their policy."""
+    """List the tenant's queues with their policy and what they hold.
+
+    wide adds the runs in flight, the concurrency limits (runs/actions/per-run, ∞ for
+    unlimited), the depth, the quota and the blocked head."""
     cfg = settings(ctx)
     queues = with_client(cfg, lambda c: fetch_queues(c, cfg.tenant))
     entries = [
@@ -264,49 +276,370 @@ def get_queues(ctx: click.Context, output: str) -> None:
         }
         for q in queues.values()
     ]
-    if _emit_structured(entries, output):
+    if emit_structured(entries, output):
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"queues of tenant {cfg.tenant!r}")
-    # Names are what people grep for: never cut them; narrow terminals fold the rest.
-    widest = max((len(e["name"]) for e in entries), default=4)
-    table.add_column("name", no_wrap=True, min_width=widest)
-    for col in (
-        "priority",
-        "algorithm",
-        "concurrency run/action/per-run",
-        "depth",
-        "max_resources",
-        "clusters",
-        "status",
-        "waiting",
-        "running",
-    ):
-        table.add_column(col, overflow="fold")
+    if not entries:
+        click.echo(f"No queues in tenant {cfg.tenant!r} (create one with `headway create queue`).")
+        return
+    headers = ["name", "priority", "algorithm", "status", "waiting", "running", "clusters"]
+    if output == "wide":
+        headers += ["runs", "concurrency", "depth", "quota", "blocked-head"]
+    rows = []
     for e in entries:
-        conc = "/".join(
-            _show(e[k]) for k in ("run_concurrency", "action_concurrency", "per_run_concurrency")
-        )
-        quota = ", ".join(f"{k}={v}" for k, v in (e["max_resources"] or {}).items()) or "-"
-        table.add_row(
+        row = [
             e["name"],
             e["priority"],
             e["algorithm"],
-            conc,
-            _show(e["depth"]),
-            quota,
-            ", ".join(e["clusters"]) if e["clusters"] is not None else "any",
             e["status"],
-            str(e.get("waiting", "-")),
-            str(e.get("running", "-")),
-        )
-    Console().print(table)
+            e.get("waiting", "-"),
+            e.get("running", "-"),
+            ",".join(e["clusters"]) if e["clusters"] is not None else "any",
+        ]
+        if output == "wide":
+            conc = "/".join(
+                _inf(e[k]) for k in ("run_concurrency", "action_concurrency", "per_run_concurrency")
+            )
+            quota = ",".join(f"{k}={v}" for k, v in (e["max_resources"] or {}).items())
+            row += [e.get("runs", "-"), conc, _inf(e["depth"]), quota, e.get("blocked_head")]
+        rows.append(row)
+    click.echo(render_table(headers, rows))
 
 
-def _show(value: Any) -> str:
+def _inf(value: Any) -> str:
     return "∞" if value is None else str(value)
+
+
+async def fetch_snapshot_or_none(client: Client, tenant: str) -> tuple[Scheduler, float] | None:
+    """The scheduler's state as a local copy and its clock, or None when it could not be
+    had (too large to answer, or an older scheduler): views then show less, not fail."""
+    from headway.scheduler import Scheduler
+    from headway.workflows import client as hw
+    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    try:
+        data = await hw.get_snapshot(client, tenant)
+    except WorkflowQueryFailedError:
+        return None
+    except RPCError as exc:
+        if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            raise
+        return None
+    return Scheduler.from_snapshot(data["snapshot"]), float(data["now"])
+
+
+def _pct(values: list[float], p: float) -> float | None:
+    """The ``p`` quantile (nearest rank) of ``values``."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, math.ceil(p * len(ordered)) - 1))
+    return ordered[rank]
+
+
+def queue_view(
+    name: str, stats: Mapping[str, Any], live: tuple[Scheduler, float] | None
+) -> dict[str, Any]:
+    """One queue's live status: policy, in flight against each limit and quota, what
+    waits and why, how long, and the blocked head (plain data: json/yaml print it)."""
+    spec = QueueSpec.from_dict(stats["spec"])
+    waiting, running = int(stats.get("waiting", 0)), int(stats.get("running", 0))
+    usage = stats.get("usage") or {}
+    q = live[0].queues.get(name) if live is not None else None
+    busiest = max(q.run_counts.values(), default=0) if q is not None else None
+    in_flight = {
+        "runs": {"used": stats.get("runs"), "limit": spec.run_concurrency},
+        "actions": {"used": running, "limit": spec.action_concurrency},
+        "per_run": {"used": busiest, "limit": spec.per_run_concurrency},
+        "depth": {"used": waiting + running, "limit": spec.depth},
+    }
+    quota = spec.max_resources
+    gpu_type = quota.gpu_type if quota is not None else None
+    resources = {
+        "cpu": {
+            "used": fmt_cpu(usage.get("cpu_m", 0)),
+            "limit": fmt_cpu(quota.cpu) if quota and quota.cpu is not None else None,
+        },
+        "memory": {
+            "used": fmt_memory(usage.get("memory", 0)),
+            "limit": fmt_memory(quota.memory) if quota and quota.memory is not None else None,
+        },
+        "ephemeral_storage": {
+            "used": fmt_memory(usage.get("ephemeral_storage", 0)),
+            "limit": fmt_memory(quota.eph) if quota and quota.eph is not None else None,
+        },
+        "gpu": {
+            "used": fmt_gpu(usage.get("gpu", 0), gpu_type) if usage.get("gpu") else "0",
+            "limit": fmt_gpu(quota.gpu, gpu_type) if quota and quota.gpu is not None else None,
+        },
+    }
+    now = time.time()
+    waits = [now - a.submit for a in q.waiting] if q is not None else []
+    head_id = stats.get("blocked_head")
+    head: dict[str, Any] | None = None
+    if head_id:
+        head = {"action": head_id, "reason": None, "waiting_s": None}
+        a = live[0].actions.get(head_id) if live is not None else None
+        if a is not None:
+            head.update(reason=a.last, waiting_s=now - a.submit)
+    return {
+        "name": name,
+        "status": spec.status.value,
+        "priority": spec.priority.name,
+        "algorithm": spec.algorithm.value,
+        "clusters": list(spec.clusters) if spec.clusters is not None else None,
+        "waiting": waiting,
+        "running": running,
+        "in_flight": in_flight,
+        "quota": resources,
+        "waiting_by_reason": dict(stats.get("waiting_by_reason") or {}),
+        "wait_p50_s": _pct(waits, 0.5),
+        "wait_p95_s": _pct(waits, 0.95),
+        "blocked_head": head,
+        "backlog_in_store": bool(stats.get("backlog_in_store")),
+        "policy": queue_to_entry(spec),
+    }
+
+
+_LIMIT_LABELS = {
+    "runs": "runs",
+    "actions": "actions",
+    "per_run": "per run (busiest)",
+    "depth": "depth (waiting+running)",
+}
+
+
+def _queue_block(v: Mapping[str, Any]) -> Block:
+    b = Block()
+    b.field("Name", v["name"])
+    b.field("Status", v["status"])
+    b.field("Priority", v["priority"])
+    b.field("Algorithm", v["algorithm"])
+    b.field("Clusters", ", ".join(v["clusters"]) if v["clusters"] is not None else "any")
+    b.field("Waiting", v["waiting"])
+    b.field("Running", v["running"])
+    b.section("In flight")
+    rows: list[list[Any]] = [
+        [_LIMIT_LABELS[k], "?" if x["used"] is None else x["used"], limit(x["limit"])]
+        for k, x in v["in_flight"].items()
+    ]
+    rows += [
+        [k.replace("_", " "), x["used"], "unlimited" if x["limit"] is None else x["limit"]]
+        for k, x in v["quota"].items()
+    ]
+    b.table(["limit", "in use", "max"], rows)
+    b.section("Waiting by reason")
+    reasons = v["waiting_by_reason"]
+    if reasons:
+        b.table(["reason", "actions"], sorted(reasons.items(), key=lambda kv: -kv[1]))
+    else:
+        b.lines("(nothing waits)" if not v["waiting"] else "(not yet decided)")
+    b.field("Wait p50/p95", f"{duration(v['wait_p50_s'])} / {duration(v['wait_p95_s'])}")
+    head = v["blocked_head"]
+    if head is None:
+        b.field("Blocked head", "none")
+    else:
+        why = f" ({head['reason']})" if head.get("reason") else ""
+        b.field("Blocked head", f"{head['action']}{why}, waiting {duration(head['waiting_s'])}")
+    if v["backlog_in_store"]:
+        b.field("Backlog", "more waits in the store beyond the scheduler's window")
+    return b
+
+
+def _fetch_queue(cfg: Settings, name: str) -> tuple[dict[str, Any], tuple[Scheduler, float] | None]:
+    """One queue's stats and the scheduler's state, or a clear error when it is missing."""
+
+    async def go(client: Client) -> tuple[dict[str, Any], tuple[Scheduler, float] | None]:
+        queues = await fetch_queues(client, cfg.tenant)
+        if not queues:
+            raise no_tenant(cfg)
+        if name not in queues:
+            known = ", ".join(sorted(queues))
+            raise click.ClickException(f"queue {name!r} does not exist (queues: {known})")
+        return queues[name], await fetch_snapshot_or_none(client, cfg.tenant)
+
+    return with_client(cfg, go)
+
+
+@get.command("queue")
+@click.argument("name", shell_complete=complete_queues)
+@output_option
+@click.pass_context
+def get_queue(ctx: click.Context, name: str, output: str) -> None:
+    """Show the queue NAME live: status, policy, in flight against each limit and quota,
+    what waits and why, and the blocked head."""
+    cfg = settings(ctx)
+    check_name(name, "NAME")
+    stats, live = _fetch_queue(cfg, name)
+    view = queue_view(name, stats, live)
+    if emit_structured(view, output):
+        return
+    click.echo(_queue_block(view).render())
+
+
+@describe.command("queue")
+@click.argument("name", shell_complete=complete_queues)
+@click.option(
+    "--default-runtime",
+    type=click.FloatRange(min=0.0),
+    default=3600.0,
+    show_default=True,
+    help="Seconds assumed for work with no estimate, for the start forecast.",
+)
+@click.option(
+    "--max-actions",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Waiting and running actions listed (each list).",
+)
+@output_option
+@click.pass_context
+def describe_queue(
+    ctx: click.Context, name: str, default_runtime: float, max_actions: int, output: str
+) -> None:
+    """Show the queue NAME in detail: its live status (as `get queue`), every knob, and
+    the waiting actions in order with their reasons and forecast starts, and the running
+    ones."""
+    from headway.scheduler.insight import forecast as run_forecast
+
+    cfg = settings(ctx)
+    check_name(name, "NAME")
+    stats, live = _fetch_queue(cfg, name)
+    view = queue_view(name, stats, live)
+    waiting: list[dict[str, Any]] = []
+    running: list[dict[str, Any]] = []
+    if live is not None:
+        sched, now = live
+        q = sched.queues.get(name)
+        f = run_forecast(sched, now, default_runtime=default_runtime) if q and q.waiting else None
+        wall = time.time()
+        for pos, a in enumerate(q.waiting if q is not None else [], start=1):
+            start = f.starts.get(a.id) if f is not None else None
+            waiting.append(
+                {
+                    "position": pos,
+                    "action": a.id,
+                    "run": a.run,
+                    "reason": a.last,
+                    "waiting_s": wall - a.submit,
+                    "starts_in_s": None if start is None else max(0.0, start - now),
+                    "cluster": f.clusters.get(a.id) if f is not None else None,
+                }
+            )
+        for a in sched.actions.values():
+            if a.queue == name and a.state == "running":
+                running.append(
+                    {
+                        "action": a.id,
+                        "run": a.run,
+                        "cluster": a.cluster,
+                        "running_s": wall - a.start if a.start else None,
+                    }
+                )
+    view["waiting_actions"] = waiting[:max_actions] if max_actions else waiting
+    view["running_actions"] = running[:max_actions] if max_actions else running
+    if emit_structured(view, output):
+        return
+    b = _queue_block(view)
+    b.section("Policy")
+    for key, value in view["policy"].items():
+        if key == "name":
+            continue
+        if key == "max_resources":
+            value = ", ".join(f"{k}={x}" for k, x in (value or {}).items()) or "none"
+        elif key == "clusters":
+            value = ", ".join(value) if value is not None else "any"
+        elif key in LIMIT_KNOBS:
+            value = limit(value)
+        b.field(key, value, indent=2)
+    if live is None:
+        b.field("Actions", "(the scheduler's state could not be read: lists left out)")
+        click.echo(b.render())
+        return
+    b.section(f"Waiting actions ({len(waiting)}, in order)")
+    if waiting:
+        b.table(
+            ["#", "action", "reason", "waiting", "starts in", "cluster"],
+            [
+                [
+                    w["position"],
+                    w["action"],
+                    w["reason"],
+                    duration(w["waiting_s"]),
+                    "?" if w["starts_in_s"] is None else duration(w["starts_in_s"]),
+                    w["cluster"],
+                ]
+                for w in view["waiting_actions"]
+            ],
+        )
+        if len(waiting) > len(view["waiting_actions"]):
+            b.lines(f"... and {len(waiting) - len(view['waiting_actions'])} more")
+    b.section(f"Running actions ({len(running)})")
+    if running:
+        b.table(
+            ["action", "run", "cluster", "running"],
+            [
+                [r["action"], r["run"], r["cluster"], duration(r["running_s"])]
+                for r in view["running_actions"]
+            ],
+        )
+        if len(running) > len(view["running_actions"]):
+            b.lines(f"... and {len(running) - len(view['running_actions'])} more")
+    click.echo(b.render())
+    if waiting:
+        click.echo("(starts in: forecast by runtime estimates; ?: not within the forecast)")
+
+
+# --- drain / resume -------------------------------------------------------------------------
+
+
+def _set_status(ctx: click.Context, name: str, status: QueueStatus) -> tuple[str, dict[str, Any]]:
+    cfg = settings(ctx)
+    check_name(name, "NAME")
+
+    async def go(client: Client) -> tuple[str, dict[str, Any]]:
+        from headway.workflows import client as hw
+
+        queues = await fetch_queues(client, cfg.tenant)
+        if name not in queues:
+            raise click.ClickException(f"queue {name!r} does not exist (see `headway get queues`)")
+        before = str(queues[name]["spec"]["status"])
+        if before == status.value or (
+            status is QueueStatus.draining and before == QueueStatus.drained.value
+        ):
+            return before, queues[name]
+        await hw.update_queue(client, cfg.tenant, name, {"status": status.value})
+        return before, (await fetch_queues(client, cfg.tenant)).get(name, queues[name])
+
+    return with_client(cfg, go)
+
+
+@drain.command("queue")
+@click.argument("name", shell_complete=complete_queues)
+@click.pass_context
+def drain_queue(ctx: click.Context, name: str) -> None:
+    """Drain the queue NAME: new submissions are refused (QueueDraining); what waits and
+    runs goes on, and the queue turns `drained` once it holds nothing."""
+    before, now = _set_status(ctx, name, QueueStatus.draining)
+    status = now["spec"]["status"]
+    held = f"{now.get('waiting', 0)} waiting, {now.get('running', 0)} running"
+    if before in (QueueStatus.draining.value, QueueStatus.drained.value):
+        click.echo(f"queue {name!r} is already {before} ({held})")
+    else:
+        click.echo(f"queue {name!r} {status} ({held})")
+
+
+@resume.command("queue")
+@click.argument("name", shell_complete=complete_queues)
+@click.pass_context
+def resume_queue(ctx: click.Context, name: str) -> None:
+    """Make the queue NAME active again: it takes submissions and dispatches."""
+    before, _ = _set_status(ctx, name, QueueStatus.active)
+    if before == QueueStatus.active.value:
+        click.echo(f"queue {name!r} is already active")
+    else:
+        click.echo(f"queue {name!r} active (was {before})")
 
 
 # --- org ----------------------------------------------------------------------------------
@@ -325,7 +658,7 @@ async def _fetch_org(client: Client, tenant: str) -> OrgLimits | None:
 
 
 @get.command("org")
-@_output_option
+@output_option
 @click.pass_context
 def get_org(ctx: click.Context, output: str) -> None:
     """Show every org-wide limit of the tenant against its default."""
@@ -334,23 +667,16 @@ def get_org(ctx: click.Context, output: str) -> None:
     if org is None:
         raise click.ClickException("this control plane does not expose its org limits yet")
     current, defaults = org.to_dict(), OrgLimits().to_dict()
-    if _emit_structured(current, output):
+    if emit_structured(current, output):
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"org limits of tenant {cfg.tenant!r}")
-    for col in ("limit", "value", "default"):
-        table.add_column(col)
-    for key, value in current.items():
-        table.add_row(key, _show_org(value), _show_org(defaults[key]))
-    Console().print(table)
+    rows = [[key, _show_org(value), _show_org(defaults[key])] for key, value in current.items()]
+    click.echo(render_table(["limit", "value", "default"], rows))
 
 
 def _show_org(value: Any) -> str:
     if isinstance(value, Mapping):
         return f"{value['per_second']}/s, burst {value['burst']}"
-    return _show(value)
+    return limit(value)
 
 
 @update.command("org")
