@@ -107,6 +107,10 @@ MAX_HISTORY = 10_000
 # tries again, at most this many times a pass (one bad action's data; more means the bug
 # is not in one action's data, and the next event tries again).
 MAX_FAILED_ACTIONS = 8
+#: A cluster whose worker has reported before and then says nothing for this long is
+#: down: it takes no new work until it reports again (workers report on every change and
+#: at least every 30 s, ``worker.cluster.capacity_loop``).
+CLUSTER_SILENT_S = 90.0
 
 
 @dataclass
@@ -124,6 +128,8 @@ class _Loop:
     capacity: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Per cluster, the worker incarnation whose reports the view holds: [id, started_at].
     capacity_from: dict[str, list[Any]] = field(default_factory=dict)
+    # Clusters marked down because their worker went silent (CLUSTER_SILENT_S).
+    silent: list[str] = field(default_factory=list)
 
 
 # Unsandboxed, as ``ActionWorkflow`` (see there): the sandbox's import context around
@@ -143,6 +149,8 @@ class SchedulerWorkflow:
         # Whether the fleet is known (given, carried, or learned from the worker in run());
         # until then reports of clusters not yet registered wait in ``_early_reports``.
         self._fleet_known = bool(inp.fleet) or bool(inp.carried)
+        # Whether silent workers mark their cluster down (patched in run()).
+        self._silent_checks = False
         self._early_reports: dict[str, CapacityReport] = {}
         self._max_history = inp.max_history
         self._changed = True
@@ -193,6 +201,8 @@ class SchedulerWorkflow:
             "actions_failed": 0,
             # Capacity reports ignored: stale, or of a cluster outside the fleet.
             "capacity_ignored": 0,
+            # Clusters marked down for a silent worker (CLUSTER_SILENT_S).
+            "clusters_down": 0,
         }
 
     # --- inbound: signals -----------------------------------------------------------
@@ -268,7 +278,12 @@ class SchedulerWorkflow:
             "sequence": report.sequence,
             "incarnation": report.incarnation,
             "observed_at": report.observed_at,
+            "heard_at": workflow.now().timestamp(),
         }
+        if self._silent_checks and report.cluster in self._loop.silent:
+            workflow.logger.warning("cluster %s reports again: up", report.cluster)
+            self._loop.silent.remove(report.cluster)
+            self._core.set_cluster_health(report.cluster, True)
         self._changed = True
 
     # --- inbound: queue configuration (updates with validators) ---------------------
@@ -377,6 +392,7 @@ class SchedulerWorkflow:
             "fleet": self._fleet,
             "clusters": sorted(self._cluster_names()),
             "capacity": self._loop.capacity,
+            "down": sorted(self._loop.silent),
         }
 
     @workflow.query(name="carried_bytes")
@@ -405,6 +421,7 @@ class SchedulerWorkflow:
         # other ends come with the next sync. See ``headway.store.leases``.
         self._lazy_ends = workflow.patched("lazy-ends")
         self._bites = workflow.patched("bites")
+        self._silent_checks = workflow.patched("silent-clusters")
         if inp.carried and workflow.patched("sync-after-continue"):
             # A nudge that reached the previous run while it was continuing as new is
             # lost with it, and its store flag stays set, so no one nudges again: look
@@ -439,6 +456,8 @@ class SchedulerWorkflow:
                 await self._sync()
             self._claimed = 0
             now = workflow.now().timestamp()
+            if self._silent_checks:
+                self._mark_silent(now)
             admitted = self._schedule(now)
             self._waits = self._waiting()
             self._stats["passes"] += 1
@@ -750,8 +769,39 @@ class SchedulerWorkflow:
             DispatchBatch(self._tenant, probe=[[a, self._workflow_id(a)] for a in due])
         )
 
+    def _mark_silent(self, now: float) -> None:
+        """Mark down each cluster whose worker has gone silent (see CLUSTER_SILENT_S).
+
+        Only a cluster heard from before can go silent: one whose worker never reported
+        stays as configured (a declared cluster without a report is unknown, and open).
+        """
+        for name, view in self._loop.capacity.items():
+            heard = view.get("heard_at")
+            if heard is None or name in self._loop.silent or name not in self._core.clusters:
+                continue
+            if now - heard >= CLUSTER_SILENT_S and self._core.clusters[name].healthy:
+                workflow.logger.warning(
+                    "cluster %s silent for %.0f s: down until it reports again", name, now - heard
+                )
+                self._loop.silent.append(name)
+                self._stats["clusters_down"] += 1
+                self._core.set_cluster_health(name, False)
+
+    def _silence_deadline(self) -> float | None:
+        deadlines = [
+            v["heard_at"] + CLUSTER_SILENT_S
+            for n, v in self._loop.capacity.items()
+            if v.get("heard_at") is not None and n not in self._loop.silent
+        ]
+        return min(deadlines, default=None)
+
     def _arm_timer(self, now: float) -> None:
         wake = self._core.next_wakeup()
+        if self._silent_checks and (self._waits or self._loop.running_since):
+            # Only while work waits or runs: an idle shard need not wake to notice.
+            silence = self._silence_deadline()
+            if silence is not None:
+                wake = silence if wake is None else min(wake, silence)
         if self._loop.running_since:
             reap = min(self._loop.running_since.values()) + REAP_AFTER_S
             wake = reap if wake is None else min(wake, reap)
@@ -816,6 +866,7 @@ class SchedulerWorkflow:
                 "capacity_seq": dict(self._loop.capacity_seq),
                 "capacity": dict(self._loop.capacity),
                 "capacity_from": dict(self._loop.capacity_from),
+                "silent": list(self._loop.silent),
             },
             "admit": [_admit_dict(a) for a in self._out_admit],
             "reject": [_reject_dict(r) for r in self._out_reject],

@@ -100,3 +100,43 @@ async def test_a_report_arriving_before_the_fleet_is_learned_is_applied_after(
     await eventually(lambda: _free_gpu_is(plane, tenant, 7))
     assert (await _view(plane, tenant))["clusters"] == ["c1"]
     assert await _ignored(plane, tenant) == 0
+
+
+async def test_a_cluster_whose_worker_goes_silent_takes_no_work_until_it_reports_again(
+    plane: Plane, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from headway.workflows import scheduler as sched_mod
+
+    from .test_lifecycle import req
+
+    # The workflows run unsandboxed in this process: a short silence for the test.
+    monkeypatch.setattr(sched_mod, "CLUSTER_SILENT_S", 1.0)
+    await setup_queue(plane, tenant)
+    sched = plane.client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    await sched.signal(protocol.CAPACITY_SIGNAL, report(8, 1, "w", 1.0))
+    await eventually(lambda: _free_gpu_is(plane, tenant, 8))
+    plane.cluster.gate = asyncio.Event()
+    first = await hw.submit(plane.client, req(tenant, "runs-on"))
+    await eventually(lambda: "runs-on" in plane.cluster.running)
+
+    async def down() -> bool:
+        return (await _view(plane, tenant))["down"] == ["c1"]
+
+    await eventually(down)
+    late = await hw.submit(plane.client, req(tenant, "late"))
+    await eventually(lambda: _waiting_for(plane, tenant, "late"))
+    assert "late" not in plane.cluster.started
+    # The worker is back: the cluster is up and the waiting action goes there.
+    await sched.signal(protocol.CAPACITY_SIGNAL, report(8, 2, "w", 1.0))
+    plane.cluster.gate.set()
+    assert (await hw.wait_result(late)).state == "succeeded"
+    assert (await hw.wait_result(first)).state == "succeeded"
+    assert (await _view(plane, tenant))["down"] == []
+    h = plane.client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    assert (await h.query("stats"))["clusters_down"] >= 1
+
+
+async def _waiting_for(plane: Plane, tenant: str, action_id: str) -> bool:
+    return (await hw.why(plane.client, tenant, action_id)).get("state") == "waiting"
