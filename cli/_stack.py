@@ -179,12 +179,13 @@ def running_stack(
             "control-plane",
             _headway(*common, "worker", "control-plane", *fleet_args, *db_args),
         )
+        # The simulated clusters keep their pods in the data directory, so a cluster
+        # worker that dies and restarts resumes them instead of losing or rerunning them.
+        sim = ["--backend", "sim", "--state-dir", str(data_dir / "sim-state")]
         for name in cluster_names(fleet):
             stack.spawn(
                 f"cluster-{name}",
-                _headway(
-                    *common, "worker", "cluster", "--name", name, "--backend", "sim", *fleet_args
-                ),
+                _headway(*common, "worker", "cluster", "--name", name, *sim, *fleet_args),
             )
         yield stack
     finally:

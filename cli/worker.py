@@ -154,6 +154,15 @@ def control_plane(
     default=None,
     help="sim backend: simulated seconds per real second. [default: the backend's]",
 )
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    envvar="HEADWAY_SIM_STATE_DIR",
+    default=None,
+    help="sim backend: keep the simulated cluster's pods in this directory, so they outlive"
+    " the worker (a restarted worker resumes them). [env HEADWAY_SIM_STATE_DIR; default: in"
+    " memory only]",
+)
 @click.pass_context
 def cluster(
     ctx: click.Context,
@@ -164,8 +173,12 @@ def cluster(
     kube_context: str | None,
     pod_namespace: str | None,
     time_scale: float | None,
+    state_dir: str | None,
 ) -> None:
-    """A cluster worker: dials out to Temporal and runs admitted actions' pods."""
+    """A cluster worker: dials out to Temporal and runs admitted actions' pods.
+
+    With HEADWAY_POD_LOG set, every pod created, bound and ended is appended to that file
+    (one JSON line each, fsync'd), for audits."""
     cfg = settings(ctx)
     entry = fleet_cluster(load_fleet(fleet_path), name)
     from headway import telemetry
@@ -178,8 +191,11 @@ def cluster(
         "context": kube_context,
         "namespace": pod_namespace,
         "time_scale": time_scale,
+        "state_dir": state_dir,
     }
-    allowed = {"time_scale"} if backend == "sim" else {"kubeconfig", "context", "namespace"}
+    allowed = (
+        {"time_scale", "state_dir"} if backend == "sim" else {"kubeconfig", "context", "namespace"}
+    )
     misplaced = [k for k, v in given.items() if v is not None and k not in allowed]
     if misplaced:
         flags = {
@@ -187,14 +203,20 @@ def cluster(
             "context": "--context",
             "namespace": "--pod-namespace",
             "time_scale": "--time-scale",
+            "state_dir": "--state-dir",
         }
         raise click.BadParameter(
             f"{', '.join(flags[k] for k in misplaced)} does not apply to --backend {backend}"
         )
     opts = {k: v for k, v in given.items() if v is not None}
 
-    async def body(client: Client, stop: asyncio.Event) -> None:
+    try:
+        # A state file that cannot be read back is refused before connecting anywhere.
         impl = make_backend(name, backend, entry, **opts)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+    async def body(client: Client, stop: asyncio.Event) -> None:
         await run_cluster_worker(client, name, impl, tenants=[cfg.tenant], stop=stop)
 
     asyncio.run(_serve(cfg, body))

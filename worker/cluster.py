@@ -5,6 +5,16 @@ Temporal) and reaches the cluster through a :class:`ClusterBackend` (outbound to
 API, or nothing at all for the simulated backend). It never listens on a port, so the
 control plane needs no route and no credentials into the cluster. Alongside the activities
 it reports the cluster's capacity to every tenant's shard scheduler whenever it changes.
+
+Each run of a worker is one *incarnation* (a fresh uuid4 and its start time): every
+capacity report carries both, so the scheduler can tell a restarted worker's reports
+(whose sequence starts at 1 again) from an old incarnation's late ones. The incarnation
+is stamped on the pod log's lines too.
+
+On start, and every ``gc_interval_s`` after, the worker deletes the Headway pods (found
+by label) of actions that have ended: those whose action workflow is closed, or no
+longer exists. Pods of running workflows are left alone, however old or finished: a
+retried ``run_action`` adopts them and needs their state.
 """
 
 from __future__ import annotations
@@ -13,7 +23,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -29,11 +42,19 @@ from headway.protocol import (
 )
 from headway.scheduler.model import ClusterSpec, NodeGroup
 from headway.scheduler.resources import Pod
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
-__all__ = ["DEFAULT_SIM_CLUSTER", "capacity_loop", "make_backend", "run_cluster_worker"]
+__all__ = [
+    "DEFAULT_SIM_CLUSTER",
+    "Incarnation",
+    "capacity_loop",
+    "collect_garbage",
+    "gc_loop",
+    "make_backend",
+    "run_cluster_worker",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +68,14 @@ DEFAULT_SIM_CLUSTER = ClusterSpec(
         NodeGroup("gpu", 2, Pod(cpu=64_000, memory=512 * _GI, eph=1000 * _GI, gpu=8)),
     ),
 )
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """One run of a cluster worker: a fresh id and the wall time it started."""
+
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started_at: float = field(default_factory=time.time)
 
 
 def make_backend(
@@ -103,20 +132,25 @@ async def capacity_loop(
     debounce_s: float = 0.5,
     retry_s: float = 2.0,
     resync_s: float = 30.0,
+    incarnation: Incarnation | None = None,
 ) -> None:
     """Report capacity to each tenant's scheduler now, and again whenever it changes.
 
     Changes are coalesced over ``debounce_s`` so a gang binding pod by pod costs one
     signal. A scheduler that is not running yet is retried every ``retry_s``; every
     ``resync_s`` all schedulers get a fresh report anyway, which repairs anything a
-    restarted scheduler missed.
+    restarted scheduler missed. Every report carries ``incarnation`` (a new one when
+    None).
     """
+    me = incarnation or Incarnation()
     version = 0
     targets = list(tenants)
     while True:
         failed: list[str] = []
         try:
-            report = await backend.capacity()
+            report = dataclasses.replace(
+                await backend.capacity(), incarnation=me.id, started_at=me.started_at
+            )
         except Exception as exc:
             log.warning("reading capacity of %s failed: %s", backend.name, exc)
             failed = targets
@@ -137,6 +171,59 @@ async def capacity_loop(
         targets = list(tenants)
 
 
+async def _workflow_closed(client: Client, workflow_id: str, *, missing: bool) -> bool | None:
+    """True when the workflow is closed, False while it runs, None when unknown; one
+    that does not exist (its history is gone) answers ``missing``."""
+    try:
+        desc = await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return missing
+        log.warning("gc: describing %s failed: %s", workflow_id, exc)
+        return None
+    return desc.status is not None and desc.status != WorkflowExecutionStatus.RUNNING
+
+
+async def collect_garbage(client: Client, backend: ClusterBackend) -> list[str]:
+    """Delete the pods (and forget the records) of every action whose workflow has ended.
+
+    A workflow id derived from a sanitized label (pods made before the id was recorded
+    on them) is trusted only when Temporal says the workflow is closed, never when it
+    cannot be found: it might name another workflow than the action's.
+
+    Returns:
+        The ids of the actions whose pods were deleted.
+    """
+    cleaned: list[str] = []
+    for found in await backend.headway_pods():
+        closed = await _workflow_closed(client, found.workflow_id, missing=found.exact)
+        if not closed:
+            continue
+        try:
+            deleted = await backend.delete_pods(found.action_id, found.namespace)
+        except Exception as exc:
+            # The next round tries again.
+            log.warning("gc: deleting the pods of ended action %s failed: %s", found.action_id, exc)
+            continue
+        backend.forget(found.action_id)
+        if deleted:
+            log.info("gc: deleted %d pod(s) of ended action %s", deleted, found.action_id)
+        cleaned.append(found.action_id)
+    return cleaned
+
+
+async def gc_loop(client: Client, backend: ClusterBackend, interval_s: float | None) -> None:
+    """Collect garbage now, then every ``interval_s`` (once only when None)."""
+    while True:
+        try:
+            await collect_garbage(client, backend)
+        except Exception as exc:
+            log.warning("gc of %s failed: %s", backend.name, exc)
+        if interval_s is None:
+            return
+        await asyncio.sleep(interval_s)
+
+
 async def run_cluster_worker(
     client: Client,
     cluster: str,
@@ -149,6 +236,8 @@ async def run_cluster_worker(
     retry_s: float = 2.0,
     resync_s: float = 30.0,
     max_concurrent_activities: int = 1000,
+    incarnation: Incarnation | None = None,
+    gc_interval_s: float | None = 300.0,
 ) -> None:
     """Run the cluster worker of ``cluster`` until ``stop`` is set (forever if None).
 
@@ -166,8 +255,14 @@ async def run_cluster_worker(
         resync_s: Period of unconditional capacity reports.
         max_concurrent_activities: ``run_action`` lives as long as its pods, so this
             bounds how many actions one worker follows at once.
+        incarnation: This run's identity (a new one when None).
+        gc_interval_s: Period of the garbage collection of ended actions' pods, which
+            also runs once at start (None: at start only).
     """
     stop = stop or asyncio.Event()
+    me = incarnation or Incarnation()
+    backend.incarnation = me.id
+    log.info("cluster worker %s: incarnation %s", cluster, me.id)
     await backend.start()
     try:
         acts = ClusterActivities(backend, client, heartbeat_s=heartbeat_s)
@@ -190,8 +285,10 @@ async def run_cluster_worker(
                 debounce_s=debounce_s,
                 retry_s=retry_s,
                 resync_s=resync_s,
+                incarnation=me,
             )
         )
+        collector = asyncio.create_task(gc_loop(client, backend, gc_interval_s))
         stopper = asyncio.create_task(stop.wait())
         try:
             done, _ = await asyncio.wait(
@@ -200,8 +297,11 @@ async def run_cluster_worker(
         finally:
             stopper.cancel()
             reporter.cancel()
+            collector.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reporter
+            with contextlib.suppress(asyncio.CancelledError):
+                await collector
             if not worker_task.done():
                 await worker.shutdown()
             with contextlib.suppress(asyncio.CancelledError):
