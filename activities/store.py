@@ -19,6 +19,14 @@ hands it to the waiter instead of signalling, so the action schedules its cluste
 activity in the same workflow task: 2 workflow tasks per action instead of 3. Any other
 case (timeout, dispatch on another worker, too many waiters) falls back to the signal.
 
+The door: ``put_lease`` decides each submission (``headway.scheduler.door``) in the
+transaction that would write its lease; a refused one writes nothing, nudges no one and
+waits for nothing, and ``put_lease_wait`` answers with the rejection at once. The
+scheduler keeps the door's settings in the store up to date (``set_door``). When the
+shard has work waiting (``wants-ends``), ``put_lease_wait`` does not wait for the
+admission either: it would rarely come within the wait, and the action's submitter is
+waiting for the answer, which its workflow can only give once this activity returned.
+
 Ends (``finish_lease``): the finisher that flips the ``done`` flag nudges at once only
 while the scheduler has work waiting (``Nudge.NOW``). Otherwise (``Nudge.SOON``) this
 worker nudges within ``LAZY_END_NUDGE_S``, and not at all if it sends the tenant another
@@ -37,18 +45,22 @@ from typing import Any
 from headway import protocol
 from headway.activities.fairness import ShardFairness
 from headway.protocol import Admission
-from headway.scheduler.model import ClusterSpec
-from headway.store import DONE_CHANNEL, LeaseStore, Nudge, queue_channel
+from headway.scheduler.door import QueueDoor
+from headway.scheduler.model import ClusterSpec, QueueStatus, RateLimit
+from headway.store import DONE_CHANNEL, LeaseStore, Nudge, Put, queue_channel
 from headway.workflows.shared import (
     FINISH_LEASE_ACTIVITY,
     FLEET_ACTIVITY,
     NUDGE_SIGNAL,
     PUT_LEASE_ACTIVITY,
     PUT_LEASE_WAIT_ACTIVITY,
+    SET_DOOR_ACTIVITY,
     SYNC_ACTIVITY,
+    DoorInput,
     FinishLeaseInput,
     PutLeaseInput,
     PutLeaseOutput,
+    Rejection,
     SchedulerInput,
     SyncInput,
     SyncOutput,
@@ -56,12 +68,14 @@ from headway.workflows.shared import (
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 __all__ = [
     "FINISH_LEASE",
     "PUT_LEASE",
     "PUT_LEASE_WAIT",
+    "SET_DOOR",
     "SYNC_LEASES",
     "AdmissionWaiters",
     "StoreActivities",
@@ -71,6 +85,7 @@ PUT_LEASE = PUT_LEASE_ACTIVITY
 FINISH_LEASE = FINISH_LEASE_ACTIVITY
 SYNC_LEASES = SYNC_ACTIVITY
 PUT_LEASE_WAIT = PUT_LEASE_WAIT_ACTIVITY
+SET_DOOR = SET_DOOR_ACTIVITY
 
 #: Longest delay of a lazy nudge (an end no waiting work needs).
 LAZY_END_NUDGE_S = 1.0
@@ -95,11 +110,11 @@ class _GroupCommit:
         self.store = store
         #: Batches that had to go to a thread (the store was busy, or not SQLite).
         self.threaded = 0
-        self._queue: list[tuple[tuple[str, tuple[Any, ...]], asyncio.Future[Nudge]]] = []
+        self._queue: list[tuple[tuple[str, tuple[Any, ...]], asyncio.Future[Nudge | Put]]] = []
         self._task: asyncio.Task[None] | None = None
 
-    async def submit(self, kind: str, args: tuple[Any, ...]) -> Nudge:
-        fut: asyncio.Future[Nudge] = asyncio.get_running_loop().create_future()
+    async def submit(self, kind: str, args: tuple[Any, ...]) -> Nudge | Put:
+        fut: asyncio.Future[Nudge | Put] = asyncio.get_running_loop().create_future()
         self._queue.append(((kind, args), fut))
         if self._task is None:
             self._task = asyncio.create_task(self._drain())
@@ -233,22 +248,38 @@ class StoreActivities:
             priority=protocol.tenant_priority(tenant),
         )
 
+    async def _put(self, inp: PutLeaseInput) -> Put:
+        """Decide at the door and write the lease; nudge the scheduler if that flipped
+        the queue's flag."""
+        if self.fairness is not None:
+            self.fairness.touch(inp.tenant)
+        put = await self._commit.submit(
+            "put",
+            (inp.tenant, inp.action_id, inp.queue, inp.workflow_id, inp.spec, inp.submitted_at),
+        )
+        assert isinstance(put, Put)
+        if put.nudge:
+            await self.nudge(inp.tenant, queue_channel(inp.queue))
+        return put
+
     @activity.defn(name=PUT_LEASE)
     async def put_lease(self, inp: PutLeaseInput) -> bool:
         """Record a pending lease; nudge the scheduler if this flipped the queue's flag.
 
         Returns:
             Whether a nudge was sent.
+
+        Raises:
+            ApplicationError: the door refused the submission (type: the reason); only
+                workflows recorded before ``put_lease_wait`` call this, and a door
+                refuses nothing to a tenant whose scheduler never pushed its settings.
         """
-        if self.fairness is not None:
-            self.fairness.touch(inp.tenant)
-        must = await self._commit.submit(
-            "put",
-            (inp.tenant, inp.action_id, inp.queue, inp.workflow_id, inp.spec, inp.submitted_at),
-        )
-        if must:
-            await self.nudge(inp.tenant, queue_channel(inp.queue))
-        return must is Nudge.NOW
+        put = await self._put(inp)
+        if put.refused is not None:
+            raise ApplicationError(
+                put.refused.detail, type=str(put.refused.reason), non_retryable=True
+            )
+        return put.nudge
 
     @activity.defn(name=PUT_LEASE_WAIT)
     async def put_lease_wait(self, inp: PutLeaseInput) -> PutLeaseOutput:
@@ -256,12 +287,27 @@ class StoreActivities:
 
         Returns:
             Whether a nudge was sent, and the admission if it was handed over (or had
-            been, by an earlier attempt of this call).
+            been, by an earlier attempt of this call); or the door's rejection.
         """
         wait_s = inp.wait_s if self.admit_wait_s is None or inp.wait_s <= 0 else self.admit_wait_s
         fut = self.waiters.add(inp.tenant, inp.action_id) if wait_s > 0 else None
         try:
-            nudged = await self.put_lease(inp)
+            put = await self._put(inp)
+            if put.refused is not None:
+                d = put.refused
+                reason = str(d.reason)
+                return PutLeaseOutput(
+                    rejection=Rejection(
+                        inp.action_id, reason, d.detail, inp.submitted_at, d.retry_after
+                    )
+                )
+            nudged = put.nudge
+            if put.busy and fut is not None and not fut.done():
+                # Work waits in the shard: an admission within the wait is unlikely, and
+                # the submitter waits for this answer. (One dispatched from now on finds
+                # no waiter and goes by signal.)
+                self.waiters.remove(inp.tenant, inp.action_id)
+                fut = None
             if not nudged and fut is None:
                 return PutLeaseOutput(nudged=False)
             if fut is not None:
@@ -275,6 +321,20 @@ class StoreActivities:
             return PutLeaseOutput(nudged=nudged, admission=adm)
         finally:
             self.waiters.remove(inp.tenant, inp.action_id)
+
+    @activity.defn(name=SET_DOOR)
+    async def set_door(self, inp: DoorInput) -> None:
+        """Replace the tenant's door settings (``LeaseStore.set_door``)."""
+        rate = RateLimit(**inp.rate) if inp.rate else None
+        queues = {
+            name: QueueDoor(
+                QueueStatus(q["status"]),
+                q.get("depth"),
+                RateLimit(**q["rate"]) if q.get("rate") else None,
+            )
+            for name, q in inp.queues.items()
+        }
+        await asyncio.to_thread(self.store.set_door, inp.tenant, rate, queues)
 
     @activity.defn(name=FINISH_LEASE)
     async def finish_lease(self, inp: FinishLeaseInput) -> bool:

@@ -8,10 +8,11 @@ from .leases import (
     WANTS_ENDS_CHANNEL,
     LeaseStore,
     Nudge,
+    Put,
     SyncResult,
     queue_channel,
 )
-from .models import AdmissionRow, Base, LeaseRow, ShardFlag
+from .models import AdmissionRow, Base, DoorRow, LeaseRow, ShardFlag
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -19,9 +20,11 @@ __all__ = [
     "WANTS_ENDS_CHANNEL",
     "AdmissionRow",
     "Base",
+    "DoorRow",
     "LeaseRow",
     "LeaseStore",
     "Nudge",
+    "Put",
     "ShardFlag",
     "SyncResult",
     "queue_channel",

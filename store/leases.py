@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from headway.scheduler.door import Bucket, Decision, QueueDoor, decide
+from headway.scheduler.model import QueueStatus, RateLimit
 from sqlalchemy import (
     Engine,
     Table,
@@ -62,7 +64,6 @@ from sqlalchemy import (
     delete,
     event,
     func,
-    inspect,
     select,
     text,
     tuple_,
@@ -70,10 +71,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
-from .models import AdmissionRow, Base, LeaseRow, ShardFlag
+from . import migrations
+from .models import AdmissionRow, Base, DoorRow, LeaseRow, ShardFlag
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -81,6 +82,7 @@ __all__ = [
     "WANTS_ENDS_CHANNEL",
     "LeaseStore",
     "Nudge",
+    "Put",
     "SyncResult",
     "queue_channel",
 ]
@@ -112,6 +114,24 @@ class Nudge(enum.IntEnum):
     #: An end no waiting work needs: signal within a second, unless a nudge sent after
     #: this write reaches the scheduler anyway (its sync collects the end).
     SOON = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """What a lease write answers (``put_lease``, or a ``put`` op of ``apply``).
+
+    Attributes:
+        nudge: the caller must nudge the scheduler (the queue's flag was clear, or the
+            lease existed already: a retried call whose nudge may not have gone out).
+        refused: the door's decision when it refused the submission (nothing was
+            written); None when the lease was written (or existed).
+        busy: the tenant's scheduler had work waiting at its last pass (``wants-ends``),
+            so an admission is not to be expected within moments.
+    """
+
+    nudge: bool = False
+    refused: Decision | None = None
+    busy: bool = False
 
 
 def queue_channel(queue: str) -> str:
@@ -152,8 +172,46 @@ class _Prepared:
         leases = cast(Table, LeaseRow.__table__)
         flags = cast(Table, ShardFlag.__table__)
         admissions = cast(Table, AdmissionRow.__table__)
+        doors = cast(Table, DoorRow.__table__)
         t: Any = bindparam("t")
         lkey = (leases.c.tenant == t) & (leases.c.action_id == bindparam("a"))
+        # The door: the tenant's row ("") and the queue's, tenant's first (the order in
+        # which PostgreSQL locks them, see ``_door``).
+        door_q: Any = (
+            select(
+                doors.c.queue,
+                doors.c.status,
+                doors.c.depth,
+                doors.c.rate,
+                doors.c.burst,
+                doors.c.tokens,
+                doors.c.token_time,
+            )
+            .where((doors.c.tenant == t) & doors.c.queue.in_(["", bindparam("q")]))
+            .order_by(doors.c.queue)
+        )
+        self.door_rows = door_q
+        self.door_rows_locked: Any = door_q.with_for_update() if dialect == "postgresql" else None
+        self.door_bucket = (
+            update(doors)
+            .where((doors.c.tenant == t) & (doors.c.queue == bindparam("q")))
+            .values(tokens=bindparam("k"), token_time=bindparam("at"))
+        )
+        self.lease_exists = select(leases.c.id).where(lkey)
+        # What a queue holds: its leases not ended (pending, or claimed and neither
+        # finished nor cancelled), counted up to ``n`` only (the depth): a seek in
+        # ``ix_headway_leases_held`` that never reads more of a big backlog than that.
+        held = (
+            select(leases.c.id)
+            .where(
+                (leases.c.tenant == t)
+                & (leases.c.queue == bindparam("q"))
+                & leases.c.done.is_(None)
+            )
+            .limit(bindparam("n"))
+            .subquery()
+        )
+        self.held = select(func.count()).select_from(held)
         self.lease_insert: Any = None
         self.flip: Any = None
         if dialect in ("sqlite", "postgresql"):
@@ -321,6 +379,10 @@ class _Prepared:
         if dialect == "sqlite":
             named = sqlite.dialect(paramstyle="named")
             hot: list[tuple[Any, list[str] | None]] = [
+                (self.door_rows, None),
+                (self.door_bucket, None),
+                (self.lease_exists, None),
+                (self.held, None),
                 (self.lease_insert, list(_LEASE_COLUMNS)),
                 (self.flip, None),
                 (self.flag_value, None),
@@ -359,6 +421,9 @@ class _DBAPIRows:
         # All rows: a RETURNING statement left unfinished would hold up the COMMIT.
         rows = self._cur.fetchall()
         return rows[0] if rows else None
+
+    def all(self) -> list[Any]:
+        return list(self._cur.fetchall())
 
 
 class _DBAPIConn:
@@ -422,17 +487,9 @@ class LeaseStore:
         self._conn: Connection | None = None
         #: SQLite: the connection of ``apply_nowait`` (busy timeout 0), also kept.
         self._nowait: Connection | None = None
-        Base.metadata.create_all(engine)
-        # create_all makes missing tables only: an index added since a database was made
-        # is created here.
-        for table in Base.metadata.sorted_tables:
-            for index in table.indexes:
-                try:
-                    index.create(engine, checkfirst=True)
-                except DBAPIError:
-                    # Another process opening the same database made it in between.
-                    if not inspect(engine).has_index(table.name, str(index.name)):
-                        raise
+        # The schema is the migrations' (one at a time, under a lock: see there): an
+        # empty database is made, an older one upgraded, a current one left as it is.
+        migrations.upgrade(engine)
 
     @property
     def dialect(self) -> str:
@@ -492,17 +549,24 @@ class LeaseStore:
         workflow_id: str,
         spec: Mapping[str, Any],
         submitted_at: float,
-    ) -> bool:
-        """Record a pending lease (idempotent) and flip its queue's flag.
+    ) -> Put:
+        """Decide a submission at the door and, taken in, record its pending lease
+        (idempotent) and flip its queue's flag; one transaction.
+
+        The door (``headway.scheduler.door``) decides against the tenant's settings as
+        its scheduler last pushed them (``set_door``), the queue's leases not yet ended,
+        and the token buckets kept here, at ``submitted_at``; a refused submission
+        writes no lease. A lease that exists already (a retried call) is taken again
+        without being decided or charged again. A tenant whose scheduler never pushed
+        its settings has no door yet: everything passes (its scheduler decides later).
 
         Returns:
-            True if the caller must nudge the scheduler: the flag was clear, or the lease
-            already existed (a retried call whose nudge may not have gone out).
+            The ``Put``: whether the caller must nudge the scheduler, or the door's
+            refusal.
         """
-        with self._tx() as conn:
-            return self._put_lease(
-                self._hot(conn), tenant, action_id, queue, workflow_id, spec, submitted_at
-            )
+        res = self.apply([("put", (tenant, action_id, queue, workflow_id, spec, submitted_at))])[0]
+        assert isinstance(res, Put)
+        return res
 
     def _put_lease(
         self,
@@ -515,13 +579,21 @@ class LeaseStore:
         submitted_at: float,
         *,
         flips: set[tuple[str, str]] | None = None,
-    ) -> bool:
+        busy: dict[str, bool] | None = None,
+    ) -> Put:
+        decided = self._door(conn, tenant, action_id, queue, submitted_at)
+        if decided is not None and not decided.accepted:
+            return Put(refused=decided)
+        body = dict(spec)
+        if decided is not None:
+            # Taken in at the door: the scheduler does not decide the door's rules again.
+            body["door"] = True
         row = {
             "tenant": tenant,
             "action_id": action_id,
             "queue": queue,
             "workflow_id": workflow_id,
-            "spec": json.dumps(dict(spec), separators=(",", ":")),
+            "spec": json.dumps(body, separators=(",", ":")),
             "submitted_at": submitted_at,
             "status": "pending",
         }
@@ -530,20 +602,148 @@ class LeaseStore:
         else:  # pragma: no cover - other dialects
             inserted = self._insert_ignore(conn, LeaseRow, row)
         flipped = self._flip(conn, tenant, queue_channel(queue), flips)
-        return flipped or not inserted
+        waits = busy.get(tenant) if busy is not None else None
+        if waits is None:
+            got = conn.execute(
+                self._prep.flag_value, {"t": tenant, "c": WANTS_ENDS_CHANNEL}
+            ).first()
+            waits = bool(got[0]) if got is not None else False
+            if busy is not None:
+                busy[tenant] = waits
+        return Put(nudge=flipped or not inserted, busy=waits)
 
-    def apply(self, ops: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Nudge]:
+    def _door(
+        self,
+        conn: Connection | _DBAPIConn,
+        tenant: str,
+        action_id: str,
+        queue: str,
+        now: float,
+    ) -> Decision | None:
+        """The door's decision on a submission, its buckets written; None: no door.
+
+        None also for a lease that exists already (a retried write): it was taken in
+        once, and is neither decided nor charged again.
+        """
+        prep = self._prep
+        key = {"t": tenant, "q": queue}
+        rows = conn.execute(prep.door_rows, key).all()
+        if not rows or rows[0][0] != "":
+            return None  # no door for this tenant yet (its scheduler never pushed one)
+        if prep.door_rows_locked is not None and _limited(rows, queue):
+            # PostgreSQL: concurrent writers of this tenant's buckets (or counters of
+            # this queue) take turns on its rows, the tenant's first; unlimited
+            # tenants and queues never wait here.
+            rows = conn.execute(prep.door_rows_locked, key).all()
+        if conn.execute(prep.lease_exists, {"t": tenant, "a": action_id}).first() is not None:
+            return None
+        org = rows[0]
+        mine = next((r for r in rows[1:] if r[0] == queue), None) if queue else None
+        door = None
+        if mine is not None:
+            door = QueueDoor(QueueStatus(mine[1]), mine[2], _rate(mine[3], mine[4]))
+        held = 0
+        if door is not None and door.depth is not None:
+            # Counted up to the depth only: that answers "at the depth?" at any backlog.
+            counted = conn.execute(prep.held, {**key, "n": door.depth}).first()
+            held = int(counted[0]) if counted is not None else 0
+        org_bucket = Bucket(org[5], org[6])
+        q_bucket = Bucket(mine[5], mine[6]) if mine is not None else Bucket()
+        d = decide(queue, door, _rate(org[3], org[4]), held, org_bucket, q_bucket, now)
+        for name, before, after in (("", org_bucket, d.org), (queue, q_bucket, d.queue)):
+            if after != before:
+                conn.execute(
+                    prep.door_bucket, {**key, "q": name, "k": after.tokens, "at": after.at}
+                )
+        return d
+
+    def set_door(
+        self, tenant: str, org_rate: RateLimit | None, queues: Mapping[str, QueueDoor]
+    ) -> None:
+        """Replace the tenant's door settings with these (the scheduler's, after a change).
+
+        The tenant's submit rate, and each queue's status, depth and rate; a queue left
+        out has no door any more (submissions to it are ``UnknownQueue``). The token
+        buckets are kept across changes of settings (a lowered burst caps them at the
+        next decision, as in the core).
+        """
+        for name in queues:
+            if not name:
+                raise ValueError(f"queue: {name!r} is not a queue name")
+        doors = cast(Table, DoorRow.__table__)
+        settings: list[dict[str, Any]] = [
+            {"queue": "", "status": None, "depth": None, **_rate_cols(org_rate)}
+        ]
+        settings += [
+            {"queue": n, "status": q.status.value, "depth": q.depth, **_rate_cols(q.rate)}
+            for n, q in sorted(queues.items())
+        ]
+        with self._tx() as conn:
+            mine = DoorRow.tenant == tenant
+            lock: Any = select(DoorRow.queue).where(mine).order_by(DoorRow.queue)
+            if self.dialect == "postgresql":
+                lock = lock.with_for_update()
+            have = {r[0] for r in conn.execute(lock)}
+            gone = sorted(have - {s["queue"] for s in settings})
+            if gone:
+                conn.execute(delete(DoorRow).where(mine & DoorRow.queue.in_(gone)))
+            for row in settings:
+                cols = {k: row[k] for k in ("status", "depth", "rate", "burst")}
+                if row["queue"] in have:
+                    conn.execute(
+                        update(doors)
+                        .where((doors.c.tenant == tenant) & (doors.c.queue == row["queue"]))
+                        .values(**cols)
+                    )
+                else:
+                    self._insert_ignore(
+                        conn,
+                        DoorRow,
+                        {"tenant": tenant, "queue": row["queue"], **cols, "token_time": 0.0},
+                    )
+
+    def door(self, tenant: str) -> dict[str, dict[str, Any]]:
+        """The tenant's door rows by queue ("": the tenant's own), as stored."""
+        with self._tx() as conn:
+            rows = conn.execute(
+                select(
+                    DoorRow.queue,
+                    DoorRow.status,
+                    DoorRow.depth,
+                    DoorRow.rate,
+                    DoorRow.burst,
+                    DoorRow.tokens,
+                    DoorRow.token_time,
+                ).where(DoorRow.tenant == tenant)
+            ).all()
+        keys = ("status", "depth", "rate", "burst", "tokens", "token_time")
+        return {r[0]: dict(zip(keys, r[1:], strict=True)) for r in rows}
+
+    def held_count(self, tenant: str, queue: str) -> int:
+        """The leases of ``queue`` not yet ended (what its depth is compared with)."""
+        with self._tx() as conn:
+            return int(
+                conn.execute(
+                    select(func.count()).where(
+                        (LeaseRow.tenant == tenant)
+                        & (LeaseRow.queue == queue)
+                        & LeaseRow.done.is_(None)
+                    )
+                ).scalar_one()
+            )
+
+    def apply(self, ops: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Nudge | Put]:
         """Several ``put_lease`` / ``finish_lease`` calls in one transaction (group commit).
 
         ``ops`` are ``("put", put_lease args)`` or ``("finish", finish_lease args)``;
         results are what the calls would return one after another, in order (a put's
-        bool as :attr:`Nudge.NOW` or :attr:`Nudge.NONE`).
+        ``Put``, a finish's ``Nudge``); the door decides the puts in their order.
         """
         _check_ops(ops)
         with self._tx() as conn:
             return self._apply_in(conn, ops)
 
-    def apply_nowait(self, ops: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Nudge] | None:
+    def apply_nowait(self, ops: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Nudge | Put] | None:
         """``apply`` on the calling thread when it cannot wait for anyone; else None.
 
         For the worker's event loop, whose group commits were each handed to a thread
@@ -605,7 +805,7 @@ class LeaseStore:
 
     def _apply_in(
         self, conn: Connection | _DBAPIConn, ops: Sequence[tuple[str, tuple[Any, ...]]]
-    ) -> list[Nudge]:
+    ) -> list[Nudge | Put]:
         if isinstance(conn, Connection):
             self._lock_flags(conn, ops)
             hot = self._hot(conn)
@@ -613,10 +813,12 @@ class LeaseStore:
             hot = conn  # SQLite (no flag locks to take)
         # One flag write per channel per batch: after the first op of a channel has
         # flipped (or found set) its flag, it stays set until this commit, so the later
-        # ops' flips would all answer "already set" anyway.
+        # ops' flips would all answer "already set" anyway. ``wants-ends`` is read once
+        # per tenant (nothing in a batch writes it).
         flips: set[tuple[str, str]] = set()
+        busy: dict[str, bool] = {}
         return [
-            Nudge(int(self._put_lease(hot, *args, flips=flips)))
+            self._put_lease(hot, *args, flips=flips, busy=busy)
             if kind == "put"
             else self._finish_lease(hot, *args, flips=flips)
             for kind, args in ops
@@ -993,6 +1195,24 @@ class LeaseStore:
         if not leases and not done:
             return None
         return SyncResult(leases=leases, done=done)
+
+
+def _rate(per_second: float | None, burst: float | None) -> RateLimit | None:
+    return RateLimit(per_second, burst) if per_second is not None and burst is not None else None
+
+
+def _rate_cols(rate: RateLimit | None) -> dict[str, float | None]:
+    if rate is None:
+        return {"rate": None, "burst": None}
+    return {"rate": rate.per_second, "burst": rate.burst}
+
+
+def _limited(rows: Sequence[Any], queue: str) -> bool:
+    """Whether a submission to ``queue`` reads or writes door state (so must lock it)."""
+    org = rows[0]
+    if org[3] is not None:
+        return True
+    return any(r[0] == queue and (r[2] is not None or r[3] is not None) for r in rows[1:])
 
 
 def _check_ops(ops: Sequence[tuple[str, tuple[Any, ...]]]) -> None:

@@ -18,6 +18,14 @@ windows:
   its first workflow task's local activity) instead of by signal. The row makes that
   hand-over durable: a retried first task reads it back. Deleted with the lease, once
   the scheduler has collected the action's end.
+* ``headway_doors``: the door of each queue of a tenant (its status, depth, submit rate
+  and token bucket), and one row per tenant (``queue`` "") with the tenant's submit rate
+  and bucket. Written by the scheduler whenever a queue or the org limits change (the
+  settings) and by ``put_lease`` (the buckets), which decides every submission against
+  them in the transaction that writes its lease (``headway.scheduler.door``).
+
+The schema changes through migrations only (``headway.store.migrations``, Alembic): a
+change here comes with a new revision there.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Boolean, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["AdmissionRow", "Base", "LeaseRow", "ShardFlag"]
+__all__ = ["AdmissionRow", "Base", "DoorRow", "LeaseRow", "ShardFlag"]
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL wants a 64-bit key for a
 # table that may see billions of inserts over its life.
@@ -49,6 +57,8 @@ class LeaseRow(Base):
         # Ends (done set): a few rows among a backlog of pending ones, found by a seek
         # instead of a scan of the tenant's rows.
         Index("ix_headway_leases_ended", "tenant", "done"),
+        # The door's count of what a queue holds (leases not ended), bounded by its depth.
+        Index("ix_headway_leases_held", "tenant", "queue", "done"),
     )
 
     id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
@@ -82,3 +92,25 @@ class AdmissionRow(Base):
     tenant: Mapped[str] = mapped_column(String(200), primary_key=True)
     action_id: Mapped[str] = mapped_column(String(400), primary_key=True)
     admission: Mapped[str] = mapped_column(Text)  # protocol.Admission as JSON
+
+
+class DoorRow(Base):
+    """The door of one queue of a tenant, or (``queue`` "") of the tenant itself.
+
+    Settings (pushed by the tenant's scheduler): ``status`` and ``depth`` of a queue, and
+    the submit rate (``rate`` per second, ``burst``) of the queue or of the tenant (None:
+    unlimited). State (kept by ``put_lease``): the token bucket, ``tokens`` as of
+    ``token_time`` (None: never drawn from, full). A tenant without its "" row has no
+    door yet: its scheduler has not pushed its settings, and submissions pass.
+    """
+
+    __tablename__ = "headway_doors"
+
+    tenant: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(200), primary_key=True)
+    status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    depth: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    rate: Mapped[float | None] = mapped_column(Float, nullable=True)
+    burst: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tokens: Mapped[float | None] = mapped_column(Float, nullable=True)
+    token_time: Mapped[float] = mapped_column(Float, default=0.0)

@@ -21,10 +21,12 @@ __all__ = [
     "PUT_LEASE_ACTIVITY",
     "PUT_LEASE_WAIT_ACTIVITY",
     "REJECT_SIGNAL",
+    "SET_DOOR_ACTIVITY",
     "SYNC_ACTIVITY",
     "AdmitItem",
     "DispatchBatch",
     "DispatchResult",
+    "DoorInput",
     "FinishLeaseInput",
     "PutLeaseInput",
     "PutLeaseOutput",
@@ -41,6 +43,8 @@ PUT_LEASE_ACTIVITY = "headway.store.put_lease"
 PUT_LEASE_WAIT_ACTIVITY = "headway.store.put_lease_wait"
 FINISH_LEASE_ACTIVITY = "headway.store.finish_lease"
 SYNC_ACTIVITY = "headway.store.sync"
+#: The scheduler's door settings into the store (``LeaseStore.set_door``), after a change.
+SET_DOOR_ACTIVITY = "headway.store.set_door"
 DISPATCH_ACTIVITY = "headway.control.dispatch"
 FLEET_ACTIVITY = "headway.control.fleet"
 
@@ -62,6 +66,9 @@ class Rejection:
     reason: str
     message: str = ""
     decided_at: float = 0.0
+    #: ``RateLimited`` at the door: seconds until a submission would pass (None: never,
+    #: or another reason).
+    retry_after: float | None = None
 
 
 @dataclass
@@ -103,6 +110,21 @@ class PutLeaseOutput:
 
     nudged: bool = False
     admission: Admission | None = None
+    #: The door refused the submission: no lease was written (and nothing waited).
+    rejection: Rejection | None = None
+
+
+@dataclass
+class DoorInput:
+    """Local activity input: a tenant's door settings, as its scheduler has them now.
+
+    ``rate``: the tenant's submit rate (``{"per_second", "burst"}``, None unlimited);
+    ``queues``: per queue ``{"status", "depth", "rate"}`` (a queue left out has no door).
+    """
+
+    tenant: str
+    rate: dict[str, float] | None = None
+    queues: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from headway.store import DONE_CHANNEL, LeaseStore, Nudge, queue_channel
+from headway.store import DONE_CHANNEL, LeaseStore, Nudge, Put, queue_channel
 
 PG = os.environ.get("HEADWAY_TEST_POSTGRES_URL")
 BACKENDS = ["sqlite", *(["postgresql"] if PG else [])]
@@ -36,7 +36,17 @@ def spec(i: int, queue: str = "q") -> dict[str, object]:
 
 
 def put(store: LeaseStore, tenant: str, i: int, queue: str = "q") -> bool:
-    return store.put_lease(tenant, f"a{i}", queue, f"wf-a{i}", spec(i, queue), float(i))
+    """A put's nudge (no door here: every put is taken in)."""
+    got = store.put_lease(tenant, f"a{i}", queue, f"wf-a{i}", spec(i, queue), float(i))
+    assert got.refused is None
+    return got.nudge
+
+
+def nudges(results: list[Nudge | Put] | None) -> list[Nudge] | None:
+    """A batch's answers with each put's as the Nudge it asks for."""
+    if results is None:
+        return None
+    return [(Nudge.NOW if r.nudge else Nudge.NONE) if isinstance(r, Put) else r for r in results]
 
 
 def sync_beside(threads: list[threading.Thread], step: Callable[[int], object]) -> int:
@@ -270,11 +280,13 @@ def test_group_commit_matches_calls_one_after_another(store: LeaseStore, tenant:
     ]
     # Only the first put flips the flag; a repeated put (a retry) must nudge again.
     N, NOW = Nudge.NONE, Nudge.NOW
-    assert store.apply([*ops, ops[0]]) == [NOW, N, N, NOW]
+    assert nudges(store.apply([*ops, ops[0]])) == [NOW, N, N, NOW]
     r = store.sync(tenant, "s1", {"q": 10}, wants_ends=True)
     assert [d["id"] for d in r.leases] == ["a0", "a1", "a2"]
-    assert store.apply(
-        [("finish", (tenant, "a0", "finished")), ("finish", (tenant, "a1", "cancelled"))]
+    assert nudges(
+        store.apply(
+            [("finish", (tenant, "a0", "finished")), ("finish", (tenant, "a1", "cancelled"))]
+        )
     ) == [NOW, N]
     with pytest.raises(ValueError):
         store.apply([("finish", (tenant, "a2", "bogus"))])
@@ -303,7 +315,7 @@ def test_group_commit_flips_each_channel_once_per_queue_and_tenant(
     ]
     # One nudge per (tenant, channel) whose flag this batch found clear, from its first op.
     first = Nudge.NONE if already_set else Nudge.NOW
-    assert store.apply(ops) == [first, Nudge.NOW, Nudge.NOW, Nudge.NONE, Nudge.NONE]
+    assert nudges(store.apply(ops)) == [first, Nudge.NOW, Nudge.NOW, Nudge.NONE, Nudge.NONE]
     assert store.flag(tenant, queue_channel("q")) and store.flag(tenant, queue_channel("r"))
     assert store.flag(other, queue_channel("q"))
     store.sync(tenant, "s1", {"q": 10, "r": 10})
@@ -356,22 +368,6 @@ def test_a_repeated_finish_changes_nothing(store: LeaseStore, tenant: str, claim
     assert store.finish_lease(tenant, "a1", "finished") == Nudge.NONE  # collected: silent
 
 
-def test_an_index_added_since_a_database_was_made_is_created_on_open(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    s = LeaseStore(url)
-    with s.engine.begin() as conn:
-        conn.exec_driver_sql("DROP INDEX ix_headway_leases_ended")  # as an older release made it
-    s.close()
-    s = LeaseStore(url)
-    with s.engine.connect() as conn:
-        names = {
-            r[0]
-            for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'index'")
-        }
-    assert "ix_headway_leases_ended" in names
-    s.close()
-
-
 @pytest.mark.parametrize(
     "n_queues", [pytest.param(1, id="one-queue"), pytest.param(7, id="seven-queues")]
 )
@@ -384,41 +380,6 @@ def test_sync_finds_every_queue_with_pending_leases_in_name_order(
     res = store.sync(tenant, "s1", dict.fromkeys(names, 1))
     assert res.more == sorted(names)  # each queue left two behind
     assert sorted({d["queue"] for d in res.leases}) == sorted(names)
-
-
-@pytest.mark.parametrize(
-    "made_by_other",
-    [
-        pytest.param(True, id="another-process-made-it-in-between-open-succeeds"),
-        pytest.param(False, id="a-real-failure-is-raised"),
-    ],
-)
-def test_index_creation_racing_another_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made_by_other: bool
-) -> None:
-    from sqlalchemy import Index
-    from sqlalchemy.exc import OperationalError
-
-    url = f"sqlite:///{tmp_path / 'race.db'}"
-    s = LeaseStore(url)
-    with s.engine.begin() as conn:
-        conn.exec_driver_sql("DROP INDEX ix_headway_leases_ended")
-    s.close()
-    real_create = Index.create
-
-    def create(self: Index, bind: Any, checkfirst: bool = False) -> None:
-        if self.name != "ix_headway_leases_ended":
-            return real_create(self, bind, checkfirst=checkfirst)
-        if made_by_other:
-            real_create(self, bind, checkfirst=True)  # the other process's CREATE INDEX
-        raise OperationalError("CREATE INDEX", {}, Exception("index already exists"))
-
-    monkeypatch.setattr(Index, "create", create)
-    if made_by_other:
-        LeaseStore(url).close()
-    else:
-        with pytest.raises(OperationalError):
-            LeaseStore(url)
 
 
 def test_workers_batching_several_queues_in_any_order_never_deadlock(
@@ -504,7 +465,7 @@ def test_sqlite_store_rolls_back_a_failed_transaction_and_goes_on(
             with pytest.raises(RuntimeError, match="disk full"):
                 apply([*_puts(tenant, 1), ("finish", (tenant, "a0", "finished"))])
         assert s.pending_count(tenant) == 1  # the batch's put was rolled back with it
-        assert apply(_puts(tenant, 1)) == [Nudge.NONE]  # and the connection goes on
+        assert nudges(apply(_puts(tenant, 1))) == [Nudge.NONE]  # and the connection goes on
         assert s.pending_count(tenant) == 2
     finally:
         s.close()
@@ -523,11 +484,11 @@ def test_apply_nowait_commits_inline_exactly_as_apply(store: LeaseStore, tenant:
         assert store.pending_count(tenant) == 1
         return
     # The same answers as test_group_commit_matches_calls_one_after_another.
-    assert store.apply_nowait([*_puts(tenant, 1, 2), _puts(tenant, 1)[0]]) == [N, N, NOW]
+    assert nudges(store.apply_nowait([*_puts(tenant, 1, 2), _puts(tenant, 1)[0]])) == [N, N, NOW]
     r = store.sync(tenant, "s1", {"q": 10}, wants_ends=True)
     assert [d["id"] for d in r.leases] == ["a0", "a1", "a2"]
     ends = [("finish", (tenant, "a0", "finished")), ("finish", (tenant, "a1", "cancelled"))]
-    assert store.apply_nowait(ends) == [NOW, N]
+    assert nudges(store.apply_nowait(ends)) == [NOW, N]
     with pytest.raises(ValueError, match="bogus"):
         store.apply_nowait([("finish", (tenant, "a2", "bogus"))])
     assert sorted(store.sync(tenant, "s2", {"q": 10}).done) == [
@@ -555,7 +516,7 @@ def test_apply_nowait_declines_while_another_thread_is_in_a_transaction(
         with s._lock:  # what another thread's `_tx` holds
             assert s.apply_nowait(_puts(tenant, 1)) is None
         assert s.pending_count(tenant) == 1  # nothing written by the declined call
-        assert s.apply_nowait(_puts(tenant, 1)) == [Nudge.NONE]
+        assert nudges(s.apply_nowait(_puts(tenant, 1))) == [Nudge.NONE]
         assert s.pending_count(tenant) == 2
     finally:
         s.close()
@@ -580,7 +541,7 @@ def test_apply_nowait_never_waits_for_another_process_writer(tmp_path: Path, ten
         assert busy == (60_000,)  # every other caller still waits its turn
         other.execute("ROLLBACK")
         # The connection is usable at once, inline and through the thread's path.
-        assert s.apply_nowait(_puts(tenant, 1)) == [Nudge.NONE]
+        assert nudges(s.apply_nowait(_puts(tenant, 1))) == [Nudge.NONE]
         assert not put(s, tenant, 2)
         assert s.pending_count(tenant) == 3
     finally:
@@ -613,7 +574,7 @@ async def test_group_commit_takes_the_thread_only_when_it_must(
             asyncio.get_running_loop().call_later(0.05, s._lock.release)
         ops = _puts(tenant, *range(1, n + 1))
         results = await asyncio.gather(*(gc.submit(kind, args) for kind, args in ops))
-        assert list(results) == [Nudge.NONE] * n  # one batch: the flag was set by a0
+        assert nudges(list(results)) == [Nudge.NONE] * n  # one batch: the flag was set by a0
         assert gc.threaded == threaded
         assert s.pending_count(tenant) == n + 1
     finally:
@@ -633,7 +594,7 @@ def test_apply_nowait_replaces_its_connection_when_it_is_lost(
     s = LeaseStore(f"sqlite:///{tmp_path / 'lost.db'}")
     try:
         assert put(s, tenant, 0)
-        assert s.apply_nowait(_puts(tenant, 1)) == [Nudge.NONE]
+        assert nudges(s.apply_nowait(_puts(tenant, 1))) == [Nudge.NONE]
         fast = s._nowait
         assert fast is not None and fast is not s._conn
         if how == "invalidated":
@@ -644,7 +605,7 @@ def test_apply_nowait_replaces_its_connection_when_it_is_lost(
             fast.connection.dbapi_connection.close()  # type: ignore[union-attr]
             with pytest.raises(sqlite3.ProgrammingError):
                 s.apply_nowait(_puts(tenant, 2))
-        assert s.apply_nowait(_puts(tenant, 2)) == [Nudge.NONE]
+        assert nudges(s.apply_nowait(_puts(tenant, 2))) == [Nudge.NONE]
         assert s._nowait is not fast
         assert s.pending_count(tenant) == 3
     finally:
@@ -668,12 +629,12 @@ def test_checkpoints_run_on_the_thread_path_not_on_the_loop(tmp_path: Path, tena
         wal_frames()
         # Well past SQLite's 1,000-page default: commits on the loop never checkpoint.
         for i in range(1, 301):
-            assert s.apply_nowait(_puts(tenant, i)) == [Nudge.NONE]
+            assert nudges(s.apply_nowait(_puts(tenant, i))) == [Nudge.NONE]
         assert wal_frames() > 1_000
         for i in range(301, 601):
-            assert s.apply_nowait(_puts(tenant, i)) == [Nudge.NONE]
+            assert nudges(s.apply_nowait(_puts(tenant, i))) == [Nudge.NONE]
         s.sync(tenant, "s1", {"q": 1})  # the thread's connection checkpoints after it
-        assert s.apply_nowait(_puts(tenant, 601)) == [Nudge.NONE]
+        assert nudges(s.apply_nowait(_puts(tenant, 601))) == [Nudge.NONE]
         assert wal_frames() < 100
         assert s.pending_count(tenant) == 601
     finally:
@@ -708,7 +669,7 @@ def test_sqlite_hot_path_runs_every_statement_on_the_dbapi_cursor(
             ("finish", (tenant, "a2", "rejected")),
         ]
         N, NOW, SOON = Nudge.NONE, Nudge.NOW, Nudge.SOON
-        got = s.apply_nowait(ops) if inline else s.apply(ops)
+        got = nudges(s.apply_nowait(ops) if inline else s.apply(ops))
         assert got == [NOW, NOW, SOON, SOON, N, N, N]
         monkeypatch.undo()
         assert s.lease_count(tenant) == 1 and s.pending_count(tenant) == 0
@@ -736,7 +697,7 @@ def test_the_kept_connection_is_replaced_after_a_dbapi_error(
             m.setattr(_DBAPIConn, "execute", io_error)
             with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
                 s.apply(_puts(tenant, 1))
-        assert s.apply(_puts(tenant, 1)) == [Nudge.NONE]
+        assert nudges(s.apply(_puts(tenant, 1))) == [Nudge.NONE]
         assert s._conn is not kept
         assert s.pending_count(tenant) == 2
     finally:

@@ -1,0 +1,71 @@
+"""Migrations of the lease store's schema (Alembic).
+
+:func:`upgrade` brings a database to the newest revision; ``LeaseStore`` calls it when it
+opens one, so a worker, the CLI or a test never runs against an older schema. The
+revisions are in ``versions/``:
+
+* ``r0001``: the baseline, the schema the store made before it had migrations
+  (``create_all``). Written with ``if_not_exists``, so a database made by that code (no
+  version table) is upgraded by the same path as an empty one: what it has is kept, an
+  index it lacks (added to the code after the database was made) is created.
+* ``r0002``: the door (``headway_doors``) and the index it counts held leases with.
+
+A schema change is a new revision here (``alembic revision -m ...`` with this directory
+as ``script_location``, or a file written by hand) and the matching change of
+``store/models.py``; ``tests/store/test_migrations.py`` checks that the two agree.
+
+Concurrent openers (several workers starting at once) take turns: the upgrade runs in
+one transaction that holds the database's write lock (SQLite's ``BEGIN IMMEDIATE``) or a
+transaction-scoped advisory lock (PostgreSQL), and reads the revision under it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, text
+
+__all__ = ["HERE", "VERSION_TABLE", "config", "current", "head", "upgrade"]
+
+HERE = Path(__file__).parent
+#: Alembic's version table, named for Headway so it cannot clash in a shared database.
+VERSION_TABLE = "headway_alembic_version"
+# pg_advisory_xact_lock key of the upgrade ("headway" in ASCII, as a number).
+_PG_LOCK_KEY = 0x68656164776179
+
+
+def config() -> Config:
+    """An Alembic configuration for this directory (no ``alembic.ini`` needed)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(HERE))
+    return cfg
+
+
+def head() -> str:
+    """The newest revision."""
+    rev = ScriptDirectory.from_config(config()).get_current_head()
+    assert rev is not None
+    return rev
+
+
+def current(engine: Engine) -> str | None:
+    """The revision a database is at (None: none recorded)."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(
+            conn, opts={"version_table": VERSION_TABLE}
+        ).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Upgrade the database of ``engine`` to ``revision`` (default: the newest)."""
+    cfg = config()
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+        # env.py runs the revisions on this connection, in this transaction.
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)

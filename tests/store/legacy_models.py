@@ -1,0 +1,88 @@
+"""A frozen copy of ``store/models.py`` as of a297289, the last schema the store made with
+``create_all`` before it had migrations: what ``test_migrations`` upgrades from. Never
+edit it to follow the models.
+
+SQL tables of the lease store (SQLAlchemy 2 declarative models).
+
+Two tables carry everything the shard schedulers need beyond their bounded in-memory
+windows:
+
+* ``headway_leases``: one row per submitted action that the scheduler has not yet
+  released. ``status`` moves ``pending`` (only in SQL) -> ``claimed`` (loaded into the
+  scheduler's window by the sync whose token is in ``claim``). ``done`` is set once, when
+  the action ends (``finished``) or is cancelled (``cancelled``); ``done_claim`` is the
+  token of the sync that handed that to the scheduler. Rows are deleted once the
+  scheduler has durably consumed them.
+* ``headway_shard_flags``: one boolean per (tenant, channel), channel being
+  ``q:<queue>`` (new leases in that queue) or ``done`` (ends/cancellations). A submitter
+  nudges the scheduler only when it flips a flag from false to true; the scheduler clears
+  a flag in the same transaction in which it reads that channel. That is what turns a
+  million submissions into a handful of signals.
+* ``headway_admissions``: an admission handed to an action's workflow in-process (inside
+  its first workflow task's local activity) instead of by signal. The row makes that
+  hand-over durable: a retried first task reads it back. Deleted with the lease, once
+  the scheduler has collected the action's end.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Boolean, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["AdmissionRow", "Base", "LeaseRow", "ShardFlag"]
+
+# SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL wants a 64-bit key for a
+# table that may see billions of inserts over its life.
+_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the Headway store."""
+
+
+class LeaseRow(Base):
+    """One action's lease, from submission until the scheduler has released it."""
+
+    __tablename__ = "headway_leases"
+    __table_args__ = (
+        UniqueConstraint("tenant", "action_id", name="uq_headway_leases_tenant_action"),
+        # The refill scan: oldest pending leases of one queue of one tenant.
+        Index("ix_headway_leases_pending", "tenant", "status", "queue", "id"),
+        Index("ix_headway_leases_claim", "tenant", "claim"),
+        Index("ix_headway_leases_done", "tenant", "done_claim"),
+        # Ends (done set): a few rows among a backlog of pending ones, found by a seek
+        # instead of a scan of the tenant's rows.
+        Index("ix_headway_leases_ended", "tenant", "done"),
+    )
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(200))
+    action_id: Mapped[str] = mapped_column(String(400))
+    queue: Mapped[str] = mapped_column(String(200))
+    workflow_id: Mapped[str] = mapped_column(String(600))
+    spec: Mapped[str] = mapped_column(Text)  # ActionSpec.to_dict() as JSON, without seq
+    submitted_at: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    claim: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    done: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    done_claim: Mapped[str | None] = mapped_column(String(200), nullable=True)
+
+
+class ShardFlag(Base):
+    """Has something arrived on this channel since the scheduler last read it?"""
+
+    __tablename__ = "headway_shard_flags"
+
+    tenant: Mapped[str] = mapped_column(String(200), primary_key=True)
+    channel: Mapped[str] = mapped_column(String(210), primary_key=True)
+    dirty: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class AdmissionRow(Base):
+    """An admission delivered in-process to a waiting action (see ``record_admissions``)."""
+
+    __tablename__ = "headway_admissions"
+
+    tenant: Mapped[str] = mapped_column(String(200), primary_key=True)
+    action_id: Mapped[str] = mapped_column(String(400), primary_key=True)
+    admission: Mapped[str] = mapped_column(Text)  # protocol.Admission as JSON
