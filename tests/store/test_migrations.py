@@ -124,12 +124,16 @@ def test_a_sqlite_file_made_before_migrations_upgrades_in_place(tmp_path: Path) 
     LeaseStore(f"sqlite:///{path}").close()
 
 
-def test_a_database_made_before_migrations_upgrades_in_place(empty_url: str) -> None:
+def test_a_database_made_before_migrations_upgrades_in_place(
+    empty_url: str, tmp_path: Path
+) -> None:
     """The same with the models of that time (``legacy_models``), on either backend."""
     engine = create_engine(empty_url)
     legacy_models.Base.metadata.create_all(engine)
-    # Read with a plain engine (a LeaseStore would upgrade the checked-in file itself).
-    src = create_engine(f"sqlite:///file:{BEFORE_MIGRATIONS}?mode=ro&uri=true")
+    # The rows from a copy, read with a plain engine (a LeaseStore would upgrade it).
+    copy = tmp_path / "rows.db"
+    shutil.copy(BEFORE_MIGRATIONS, copy)
+    src = create_engine(f"sqlite:///{copy}")
     try:
         with src.connect() as a, engine.begin() as b:
             for table in legacy_models.Base.metadata.sorted_tables:
