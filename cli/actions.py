@@ -147,6 +147,10 @@ async def _gather(
         w = view["waiting"] = await _waiting_view(client, cfg, action_id, default_runtime)
         # The attributes say only "Waiting" until admission (the scheduler does not signal
         # each change): the scheduler's own answer is the live reason.
+        if w.get("scheduler_state") == "waiting":
+            # In its first task the workflow still says "submitting" while its lease
+            # already waits in the queue: the scheduler knows better.
+            view["state"] = "waiting"
         if w.get("reason"):
             view["reason"] = w["reason"]
         if w.get("reasons"):
@@ -257,8 +261,12 @@ async def _waiting_view(
     if why.get("state") is None:
         out["message"] = why.get("message")
         return out
+    if why["state"] != "waiting":  # admitted a moment ago; the workflow has not seen it
+        out.update(in_window=True, scheduler_state=why["state"], message="admitted, starting")
+        return out
     out.update(
         in_window=True,
+        scheduler_state="waiting",
         reason=why.get("reason"),
         reasons=list(why.get("reasons") or []),
         message=why.get("message"),
@@ -325,7 +333,7 @@ def _render(v: dict[str, Any], max_events: int) -> str:
     w = v["waiting"]
     if w is not None:
         b.section("Waiting")
-        if not w.get("in_window"):
+        if w.get("scheduler_state") != "waiting":
             b.field(
                 "Where",
                 w.get("message") or "not yet in the scheduler's window (queued in the store)",

@@ -1,0 +1,341 @@
+"""The verbs of issue #24 live: a real Temporal dev server, the control-plane worker and
+one simulated cluster worker per fleet cluster, driven through the CLI.
+
+`describe action` on a waiting, a running, a rejected and a finished action; `cancel` of
+a waiting and a running action (the pods deleted, per the clusters' pod log; the queue's
+running back to 0; the end recorded as cancelled); `cancel --run`; `drain`/`resume`;
+`get clusters` against the simulated fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from click.testing import CliRunner
+from headway.cli._common import load_fleet
+from headway.cli._stack import Stack, _headway, wait_ready
+from headway.cli.main import cli
+from temporalio.testing import WorkflowEnvironment
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def stack(
+    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    address = temporal_env.client.service_client.config.target_host
+    data_dir = tmp_path_factory.mktemp("verbs")
+    fleet = load_fleet(None)
+    s = Stack(data_dir, address, None)
+    # Every pod the simulated clusters create, bind and end is logged here (with how it
+    # ended: "Deleted" for a pod deleted before it finished).
+    pod_log = {"HEADWAY_POD_LOG": str(data_dir / "pods.jsonl")}
+    try:
+        common = ["--address", address]
+        s.spawn(
+            "control-plane",
+            _headway(
+                *common,
+                "worker",
+                "control-plane",
+                "--database-url",
+                f"sqlite:///{data_dir / 'headway.db'}",
+            ),
+        )
+        for c in fleet.clusters:
+            s.spawn(
+                f"cluster-{c.name}",
+                _headway(*common, "worker", "cluster", "--name", c.name),
+                env=pod_log,
+            )
+        asyncio.run(wait_ready(s, fleet))
+        yield s
+    finally:
+        s.stop()
+
+
+def hw(stack: Stack, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["--address", stack.address, *args])
+    return result.exit_code, result.output
+
+
+def hw_json(stack: Stack, *args: str) -> Any:
+    code, out = hw(stack, *args, "-o", "json")
+    assert code == 0, out
+    return json.loads(out)
+
+
+def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 60.0) -> T:
+    """``probe()`` once it answers (not None), polling; fails naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = probe()
+        if got is not None:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def fits_80(text: str) -> None:
+    wide = [ln for ln in text.splitlines() if len(ln) > 80 and not ln.strip().startswith("http")]
+    assert not wide, wide
+
+
+def pod_lines(stack: Stack, action_id: str) -> list[dict[str, Any]]:
+    path = Path(stack.data_dir) / "pods.jsonl"
+    if not path.exists():
+        return []
+    lines = []
+    for raw in path.read_text().splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if line.get("action") == action_id:
+            lines.append(line)
+    return lines
+
+
+def test_get_clusters_against_the_simulated_fleet(stack: Stack) -> None:
+    def reported() -> list[dict[str, Any]] | None:
+        views = hw_json(stack, "get", "clusters")
+        return views if all(v["status"] == "Ready" for v in views) else None
+
+    views = {v["name"]: v for v in eventually(reported, "every cluster to report")}
+    assert set(views) == {"gpu-h100", "gpu-h200", "cpu"}
+    assert [views[n]["nodes"] for n in ("gpu-h100", "gpu-h200", "cpu")] == [2, 2, 4]
+    assert views["gpu-h100"]["allocatable"]["gpu"] == "H100:16"
+    assert views["gpu-h200"]["allocatable"]["memory"] == "4Ti"
+    assert views["cpu"]["allocatable"] == {
+        "cpu": "256",
+        "memory": "1Ti",
+        "gpu": "0",
+        "ephemeral_storage": "2000Gi",
+    }
+    for v in views.values():
+        assert v["last_report"]["incarnation"] and v["last_report"]["capacity_known"]
+    code, out = hw(stack, "get", "clusters")
+    assert code == 0, out
+    fits_80(out)
+    assert out.splitlines()[0].split()[:3] == ["NAME", "STATUS", "NODES"]
+    code, out = hw(stack, "describe", "cluster", "gpu-h200")
+    assert code == 0, out
+    fits_80(out)
+    assert "Status:      Ready" in out and "h200-1" in out
+    code, out = hw(stack, "describe", "cluster", "gpu-x")
+    assert code == 1 and "cluster 'gpu-x' is not in the fleet" in out
+
+
+def test_describe_a_finished_and_a_rejected_action(stack: Stack) -> None:
+    code, out = hw(
+        stack,
+        "submit",
+        "--cpu",
+        "1",
+        "--memory",
+        "1Gi",
+        "--duration",
+        "1",
+        "--id",
+        "fin-1",
+        "--wait",
+    )
+    assert code == 0, out
+    d = hw_json(stack, "describe", "action", "fin-1")
+    assert (d["state"], d["queue"], d["run"]) == ("succeeded", "default", "fin-1")
+    assert d["exit_code"] == 0 and d["cluster"] in ("gpu-h100", "gpu-h200", "cpu")
+    assert len(d["nodes"]) == 1 and d["ended_at"] >= d["submitted_at"]
+    assert d["demand"]["pods"] == [
+        {
+            "role": "main",
+            "cpu": "1",
+            "memory": "1Gi",
+            "gpu": "-",
+            "ephemeral_storage": "-",
+            "count": 1,
+        }
+    ]
+    assert [e["kind"] for e in d["events"]][-1] == "Succeeded"
+    assert d["ui"].endswith("/namespaces/default/workflows/headway-action-default-fin-1")
+    code, out = hw(stack, "describe", "action", "fin-1")
+    assert code == 0, out
+    fits_80(out)
+    assert "State:     succeeded" in out
+
+    code, out = hw(stack, "submit", "--queue", "no-such-queue", "--cpu", "1", "--id", "rej-1")
+    assert code == 0, out
+    d = eventually(
+        lambda: (
+            v
+            if (v := hw_json(stack, "describe", "action", "rej-1"))["state"] == "rejected"
+            else None
+        ),
+        "rej-1 to be rejected",
+    )
+    assert d["reason"] == "UnknownQueue" and d["reasons"] == ["UnknownQueue"]
+    assert d["cluster"] is None and d["retries"] == 0
+    code, out = hw(stack, "describe", "action", "rej-1")
+    assert code == 0 and "State:     rejected (UnknownQueue)" in out
+
+    code, out = hw(stack, "describe", "action", "never-submitted")
+    assert code == 1 and "action 'never-submitted' not found in tenant 'default'" in out
+
+
+def test_waiting_and_running_actions_described_then_cancelled(stack: Stack) -> None:
+    code, out = hw(stack, "create", "queue", "one-slot", "--action-concurrency", "1")
+    assert code == 0, out
+    gpu = ["--queue", "one-slot", "--gpu", "H100:8", "--cpu", "8", "--memory", "64Gi"]
+    code, out = hw(stack, "submit", *gpu, "--duration", "600", "--estimate", "600", "--id", "run-1")
+    assert code == 0, out
+    code, out = hw(stack, "submit", *gpu, "--duration", "1", "--estimate", "5", "--id", "wait-1")
+    assert code == 0, out
+
+    def running() -> dict[str, Any] | None:
+        d = hw_json(stack, "describe", "action", "run-1")
+        return d if d["state"] == "running" and d["nodes"] else None
+
+    d = eventually(running, "run-1 to run on a node")
+    assert d["cluster"] == "gpu-h100" and d["nodes"][0].startswith("h100-")
+    assert d["demand"]["pods"][0]["gpu"] == "H100:8" and d["waiting"] is None
+    assert {p["last_event"] for p in d["pods"]} == {"Running"}
+
+    def waiting() -> dict[str, Any] | None:
+        d = hw_json(stack, "describe", "action", "wait-1")
+        w = d["waiting"] or {}
+        return d if w.get("reason") == "ActionConcurrency" and "position" in w else None
+
+    d = eventually(waiting, "wait-1 to wait behind the action cap")
+    assert d["state"] == "waiting" and d["reason"] == "ActionConcurrency"
+    w = d["waiting"]
+    assert (w["position"], w["of"]) == (1, 1)
+    assert 0 < w["starts_in_s"] <= 600 and w["forecast_cluster"] == "gpu-h100"
+    assert any("action_concurrency" in u for u in w["unblock"])
+    code, out = hw(stack, "describe", "action", "wait-1")
+    assert code == 0, out
+    fits_80(out)
+    assert "Position:  1 of 1 in queue one-slot" in out
+
+    q = hw_json(stack, "get", "queue", "one-slot")
+    assert (q["waiting"], q["running"]) == (1, 1)
+    assert q["in_flight"]["actions"] == {"used": 1, "limit": 1}
+    assert q["quota"]["gpu"]["used"] == "8" and q["waiting_by_reason"] == {"ActionConcurrency": 1}
+    code, out = hw(stack, "get", "queue", "one-slot")
+    assert code == 0, out
+    fits_80(out)
+
+    def listed() -> list[dict[str, Any]] | None:
+        rows = hw_json(stack, "get", "actions", "--queue", "one-slot")
+        return rows if {r["action_id"] for r in rows} == {"run-1", "wait-1"} else None
+
+    rows = {r["action_id"]: r for r in eventually(listed, "visibility to list both")}
+    assert (rows["run-1"]["state"], rows["wait-1"]["state"]) == ("running", "waiting")
+    rows = hw_json(stack, "get", "actions", "--queue", "one-slot", "--state", "running")
+    assert [r["action_id"] for r in rows] == ["run-1"]
+
+    # Cancel: the waiting one leaves the queue, the running one's pods are deleted.
+    code, out = hw(stack, "cancel", "wait-1", "run-1")
+    assert code == 0, out
+    assert out.splitlines() == [
+        "action 'wait-1' cancelled (was waiting)",
+        "action 'run-1' cancelled (was running on gpu-h100)",
+    ]
+    ended = [ln for ln in pod_lines(stack, "run-1") if ln["event"] == "ended"]
+    assert ended and {ln["outcome"] for ln in ended} == {"Deleted"}
+    assert pod_lines(stack, "wait-1") == []  # never had a pod
+
+    def idle() -> dict[str, Any] | None:
+        q = hw_json(stack, "get", "queue", "one-slot")
+        return q if (q["waiting"], q["running"]) == (0, 0) else None
+
+    q = eventually(idle, "one-slot to hold nothing")
+    assert q["quota"]["gpu"]["used"] == "0"
+    for action_id in ("run-1", "wait-1"):
+        d = hw_json(stack, "describe", "action", action_id)
+        assert (d["state"], d["reason"]) == ("cancelled", "Cancelled")
+        assert d["cancel_requested_by"]
+    # Once: a second cancel finds it ended and changes nothing.
+    code, out = hw(stack, "cancel", "run-1")
+    assert code == 0 and out.strip() == "action 'run-1' had already ended: cancelled"
+
+    # The GPUs are free again on the cluster (the worker's report, as the scheduler sees it).
+    def freed() -> bool | None:
+        views = {v["name"]: v for v in hw_json(stack, "get", "clusters")}
+        return True if views["gpu-h100"]["free"]["gpu"] == "H100:16" else None
+
+    eventually(freed, "gpu-h100's GPUs to be free")
+
+
+def test_cancel_a_run(stack: Stack) -> None:
+    code, out = hw(stack, "create", "queue", "held", "--action-concurrency", "0")
+    assert code == 0, out
+    for i in range(3):
+        args = ["submit", "--queue", "held", "--cpu", "1", "--run", "batch-7", "--id", f"b7-{i}"]
+        code, out = hw(stack, *args)
+        assert code == 0, out
+    code, out = hw(stack, "submit", "--queue", "held", "--cpu", "1", "--id", "other-1")
+    assert code == 0, out
+
+    def all_listed() -> list[dict[str, Any]] | None:
+        rows = hw_json(stack, "get", "actions", "--run", "batch-7")
+        return rows if len(rows) == 3 else None
+
+    # Visibility is written a moment after a start; an action still in its first task
+    # (no attributes yet) is found by its memo, so the state may still be "submitting".
+    assert {r["state"] for r in eventually(all_listed, "the run's actions")} <= {
+        "submitting",
+        "waiting",
+    }
+    code, out = hw(stack, "cancel", "--run", "batch-7")
+    assert code == 0, out
+    lines = sorted(out.splitlines())
+    assert len(lines) == 3, out
+    for i, line in enumerate(lines):
+        assert line in (
+            f"action 'b7-{i}' cancelled (was submitting)",
+            f"action 'b7-{i}' cancelled (was waiting)",
+        ), line
+    rows = hw_json(stack, "get", "actions", "--run", "batch-7", "--state", "cancelled")
+    assert {r["action_id"] for r in rows} <= {"b7-0", "b7-1", "b7-2"}
+    d = hw_json(stack, "describe", "action", "other-1")
+    assert d["state"] in ("submitting", "waiting")  # another run: untouched
+    code, out = hw(stack, "cancel", "other-1")
+    assert code == 0, out
+    code, out = hw(stack, "cancel", "--run", "batch-7")
+    assert code == 0 and out.strip() == "No action of run 'batch-7' is in flight."
+
+
+def test_drain_and_resume_a_queue(stack: Stack) -> None:
+    code, out = hw(stack, "create", "queue", "drainable")
+    assert code == 0, out
+    code, out = hw(stack, "drain", "queue", "drainable")
+    assert code == 0, out
+    assert out.startswith("queue 'drainable' ")
+    assert hw_json(stack, "get", "queue", "drainable")["status"] in ("draining", "drained")
+    code, out = hw(
+        stack, "submit", "--queue", "drainable", "--cpu", "1", "--id", "late-1", "--wait"
+    )
+    assert code == 1, out
+    d = hw_json(stack, "describe", "action", "late-1")
+    assert (d["state"], d["reason"]) == ("rejected", "QueueDraining")
+    code, out = hw(stack, "resume", "queue", "drainable")
+    assert code == 0 and "active (was drain" in out, out
+    code, out = hw(
+        stack, "submit", "--queue", "drainable", "--cpu", "1", "--duration", "0", "--id", "ok-1"
+    )
+    assert code == 0, out
+    code, out = hw(stack, "get", "queues")
+    assert code == 0, out
+    fits_80(out)
+    assert any(
+        ln.split()[:4] == ["drainable", "medium", "backfill", "active"] for ln in out.splitlines()
+    )
