@@ -39,8 +39,11 @@ def knob(value: Any) -> Any:
     if isinstance(value, str):
         if value.lower() in UNSET_WORDS:
             return None
-        if value.strip().isdigit():
-            return int(value)
+        text = value.strip()
+        # Negative numbers too, so the parser says "must be >= 0" rather than "not an
+        # integer" about "-5".
+        if text.removeprefix("-").isdigit():
+            return int(text)
     return value
 
 
@@ -51,8 +54,10 @@ def parse_limit(value: Any, field: str) -> int | None:
         return None
     if isinstance(value, bool):
         raise ValueError(f"{field}: {value!r} is not a non-negative integer")
-    if not isinstance(value, int) or value < 0:
+    if not isinstance(value, int):
         raise ValueError(f"{field}: {value!r} is not a non-negative integer (or 'unlimited')")
+    if value < 0:
+        raise ValueError(f"{field}: {value} must be >= 0")
     return value
 
 

@@ -38,7 +38,8 @@ def test_help_lists_verb_noun_commands():
         ("--priority", "urgent", "priority: 'urgent'"),
         ("--algorithm", "fifo", "algorithm: 'fifo'"),
         ("--status", "paused", "status: 'paused'"),
-        ("--run-concurrency", "-3", "--run-concurrency: '-3'"),
+        ("--run-concurrency", "-3", "--run-concurrency: -3 must be >= 0"),
+        ("--depth", "-5", "--depth: -5 must be >= 0"),
         ("--depth", "lots", "--depth: 'lots'"),
         ("--max-cpu", "fast", "--max-cpu: 'fast'"),
         ("--max-memory", "12Qi", "--max-memory: '12Qi'"),
@@ -65,6 +66,9 @@ def test_update_org_rejects_bad_flags_before_connecting():
     result = invoke("update", "org", "--max-concurrent-runs", "many")
     assert result.exit_code != 0
     assert "--max-concurrent-runs: 'many'" in result.output
+    result = invoke("update", "org", "--max-actions-per-run", "-2")
+    assert result.exit_code == 2
+    assert "--max-actions-per-run: -2 must be >= 0" in result.output
     result = invoke("update", "org", "--submit-rate", "fast")
     assert result.exit_code != 0
     assert "--submit-rate: 'fast'" in result.output
