@@ -28,12 +28,12 @@ __all__ = ["cli", "main"]
 EPILOG = """\b
 Exit codes:
   0  done
-  1  an error: the server unreachable, a resource missing, a request refused, an action
-     not found or not ended in time (one line on stderr says which)
-  2  a usage error: a bad flag or value, named with the value
+  1  an error: server unreachable, resource missing, request refused,
+     action not found or not ended in time (one line on stderr says which)
+  2  a usage error: a bad flag or value (named, with the value)
 \b
-Reads take -o table|wide|json|yaml (--json is -o json). Quantities are in Kubernetes
-units (500m, 64Gi). Shell completion: headway completion bash|zsh|fish."""
+Reads take -o table|wide|json|yaml (--json is -o json); quantities are in
+Kubernetes units (500m, 64Gi). Completion: headway completion bash|zsh|fish."""
 
 
 def _check_tenant(ctx: click.Context, param: click.Parameter, value: str) -> str:

@@ -797,6 +797,7 @@ def test_version() -> None:
 def test_help_documents_exit_codes_and_defaults() -> None:
     res = run("--help")
     assert "Exit codes:" in res.output and "2  a usage error" in res.output
+    fits_80(res.output)
     for verb in ("describe", "cancel", "drain", "resume", "completion"):
         assert verb in res.output
     res = run("get", "actions", "--help")
