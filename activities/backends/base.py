@@ -195,15 +195,33 @@ class PodLog:
 
     @classmethod
     def from_env(cls, cluster: str, path: str | None = None) -> PodLog | None:
-        """The pod log named by ``path`` or else ``$HEADWAY_POD_LOG``; None when neither."""
+        """The pod log named by ``path`` or else ``$HEADWAY_POD_LOG``, opened (so a bad
+        path fails when the backend is built, not at its first pod); None when neither.
+
+        Raises:
+            ValueError: The file cannot be opened for appending (path and reason named).
+        """
         chosen = path if path is not None else os.environ.get(POD_LOG_ENV) or None
-        return cls(chosen, cluster) if chosen else None
+        if not chosen:
+            return None
+        log = cls(chosen, cluster)
+        log.open()
+        return log
 
     def open(self) -> None:
-        """Open for appending and read back what this cluster's earlier lines recorded."""
+        """Open for appending and read back what this cluster's earlier lines recorded.
+
+        Raises:
+            ValueError: The file cannot be opened (path and reason named).
+        """
         if self._fd is not None:
             return
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ValueError(
+                f"{POD_LOG_ENV}: cannot append to {self.path!r}: {exc.strerror}"
+            ) from exc
         tail = b""
         with open(self.path, "rb") as fh:
             for raw in fh:

@@ -820,6 +820,7 @@ class SimBackend:
         directory = self.state_path.parent
         fd, tmp = tempfile.mkstemp(prefix=f".{self.state_path.name}.", dir=directory)
         try:
+            os.fchmod(fd, 0o644)  # readable like the pod log, for whoever audits a run
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
                 fh.flush()
@@ -839,11 +840,13 @@ class SimBackend:
     def _load(self) -> None:
         assert self.state_path is not None
         path = self.state_path
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             raw = path.read_bytes()
         except FileNotFoundError:
             return
+        except OSError as exc:
+            raise ValueError(f"state_dir: cannot use {str(path.parent)!r}: {exc.strerror}") from exc
         try:
             state = json.loads(raw)
             if not isinstance(state, dict):

@@ -313,3 +313,11 @@ async def test_kubernetes_logs_created_bound_ended_and_what_vanished_while_down(
         assert {x["dispatch"] for x in rows if x["action"] == "lost"} == {"d2"}
     finally:
         await second.close()
+
+
+def test_a_pod_log_that_cannot_be_opened_fails_the_backend_by_name(monkeypatch, tmp_path):
+    where = tmp_path / "no-such-dir" / "pods.jsonl"
+    monkeypatch.setenv(POD_LOG_ENV, str(where))
+    with pytest.raises(ValueError, match=POD_LOG_ENV) as err:
+        sim()
+    assert str(where) in str(err.value) and "No such file or directory" in str(err.value)

@@ -193,3 +193,11 @@ def test_bad_options_are_named():
         sim(time_scale=-1)
     with pytest.raises(ValueError, match=r"startup_s: -0\.5"):
         sim(startup_s=-0.5)
+
+
+def test_a_state_dir_that_is_a_file_is_refused_by_name(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("not a directory")
+    with pytest.raises(ValueError, match="state_dir: cannot use") as err:
+        sim(state_dir=taken)
+    assert str(taken) in str(err.value)
