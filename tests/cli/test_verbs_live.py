@@ -147,12 +147,12 @@ def test_describe_a_finished_and_a_rejected_action(stack: Stack) -> None:
         "--duration",
         "1",
         "--id",
-        "fin-1",
+        "v-fin-1",
         "--wait",
     )
     assert code == 0, out
-    d = hw_json(stack, "describe", "action", "fin-1")
-    assert (d["state"], d["queue"], d["run"]) == ("succeeded", "default", "fin-1")
+    d = hw_json(stack, "describe", "action", "v-fin-1")
+    assert (d["state"], d["queue"], d["run"]) == ("succeeded", "default", "v-fin-1")
     assert d["exit_code"] == 0 and d["cluster"] in ("gpu-h100", "gpu-h200", "cpu")
     assert len(d["nodes"]) == 1 and d["ended_at"] >= d["submitted_at"]
     assert d["demand"]["pods"] == [
@@ -166,25 +166,25 @@ def test_describe_a_finished_and_a_rejected_action(stack: Stack) -> None:
         }
     ]
     assert [e["kind"] for e in d["events"]][-1] == "Succeeded"
-    assert d["ui"].endswith("/namespaces/default/workflows/headway-action-default-fin-1")
-    code, out = hw(stack, "describe", "action", "fin-1")
+    assert d["ui"].endswith("/namespaces/default/workflows/headway-action-default-v-fin-1")
+    code, out = hw(stack, "describe", "action", "v-fin-1")
     assert code == 0, out
     fits_80(out)
     assert "State:     succeeded" in out
 
-    code, out = hw(stack, "submit", "--queue", "no-such-queue", "--cpu", "1", "--id", "rej-1")
+    code, out = hw(stack, "submit", "--queue", "no-such-queue", "--cpu", "1", "--id", "v-rej-1")
     assert code == 0, out
     d = eventually(
         lambda: (
             v
-            if (v := hw_json(stack, "describe", "action", "rej-1"))["state"] == "rejected"
+            if (v := hw_json(stack, "describe", "action", "v-rej-1"))["state"] == "rejected"
             else None
         ),
-        "rej-1 to be rejected",
+        "v-rej-1 to be rejected",
     )
     assert d["reason"] == "UnknownQueue" and d["reasons"] == ["UnknownQueue"]
     assert d["cluster"] is None and d["retries"] == 0
-    code, out = hw(stack, "describe", "action", "rej-1")
+    code, out = hw(stack, "describe", "action", "v-rej-1")
     assert code == 0 and "State:     rejected (UnknownQueue)" in out
 
     code, out = hw(stack, "describe", "action", "never-submitted")
@@ -195,32 +195,34 @@ def test_waiting_and_running_actions_described_then_cancelled(stack: Stack) -> N
     code, out = hw(stack, "create", "queue", "one-slot", "--action-concurrency", "1")
     assert code == 0, out
     gpu = ["--queue", "one-slot", "--gpu", "H100:8", "--cpu", "8", "--memory", "64Gi"]
-    code, out = hw(stack, "submit", *gpu, "--duration", "600", "--estimate", "600", "--id", "run-1")
+    code, out = hw(
+        stack, "submit", *gpu, "--duration", "600", "--estimate", "600", "--id", "v-run-1"
+    )
     assert code == 0, out
-    code, out = hw(stack, "submit", *gpu, "--duration", "1", "--estimate", "5", "--id", "wait-1")
+    code, out = hw(stack, "submit", *gpu, "--duration", "1", "--estimate", "5", "--id", "v-wait-1")
     assert code == 0, out
 
     def running() -> dict[str, Any] | None:
-        d = hw_json(stack, "describe", "action", "run-1")
-        return d if d["state"] == "running" and d["nodes"] else None
+        d = hw_json(stack, "describe", "action", "v-run-1")
+        on = d["state"] == "running" and d["nodes"]
+        return d if on and {p["last_event"] for p in d["pods"]} == {"Running"} else None
 
-    d = eventually(running, "run-1 to run on a node")
+    d = eventually(running, "v-run-1 to run on a node")
     assert d["cluster"] == "gpu-h100" and d["nodes"][0].startswith("h100-")
     assert d["demand"]["pods"][0]["gpu"] == "H100:8" and d["waiting"] is None
-    assert {p["last_event"] for p in d["pods"]} == {"Running"}
 
     def waiting() -> dict[str, Any] | None:
-        d = hw_json(stack, "describe", "action", "wait-1")
+        d = hw_json(stack, "describe", "action", "v-wait-1")
         w = d["waiting"] or {}
         return d if w.get("reason") == "ActionConcurrency" and "position" in w else None
 
-    d = eventually(waiting, "wait-1 to wait behind the action cap")
+    d = eventually(waiting, "v-wait-1 to wait behind the action cap")
     assert d["state"] == "waiting" and d["reason"] == "ActionConcurrency"
     w = d["waiting"]
     assert (w["position"], w["of"]) == (1, 1)
     assert 0 < w["starts_in_s"] <= 600 and w["forecast_cluster"] == "gpu-h100"
     assert any("action_concurrency" in u for u in w["unblock"])
-    code, out = hw(stack, "describe", "action", "wait-1")
+    code, out = hw(stack, "describe", "action", "v-wait-1")
     assert code == 0, out
     fits_80(out)
     assert "Position:  1 of 1 in queue one-slot" in out
@@ -235,23 +237,23 @@ def test_waiting_and_running_actions_described_then_cancelled(stack: Stack) -> N
 
     def listed() -> list[dict[str, Any]] | None:
         rows = hw_json(stack, "get", "actions", "--queue", "one-slot")
-        return rows if {r["action_id"] for r in rows} == {"run-1", "wait-1"} else None
+        return rows if {r["action_id"] for r in rows} == {"v-run-1", "v-wait-1"} else None
 
     rows = {r["action_id"]: r for r in eventually(listed, "visibility to list both")}
-    assert (rows["run-1"]["state"], rows["wait-1"]["state"]) == ("running", "waiting")
+    assert (rows["v-run-1"]["state"], rows["v-wait-1"]["state"]) == ("running", "waiting")
     rows = hw_json(stack, "get", "actions", "--queue", "one-slot", "--state", "running")
-    assert [r["action_id"] for r in rows] == ["run-1"]
+    assert [r["action_id"] for r in rows] == ["v-run-1"]
 
     # Cancel: the waiting one leaves the queue, the running one's pods are deleted.
-    code, out = hw(stack, "cancel", "wait-1", "run-1")
+    code, out = hw(stack, "cancel", "v-wait-1", "v-run-1")
     assert code == 0, out
     assert out.splitlines() == [
-        "action 'wait-1' cancelled (was waiting)",
-        "action 'run-1' cancelled (was running on gpu-h100)",
+        "action 'v-wait-1' cancelled (was waiting)",
+        "action 'v-run-1' cancelled (was running on gpu-h100)",
     ]
-    ended = [ln for ln in pod_lines(stack, "run-1") if ln["event"] == "ended"]
+    ended = [ln for ln in pod_lines(stack, "v-run-1") if ln["event"] == "ended"]
     assert ended and {ln["outcome"] for ln in ended} == {"Deleted"}
-    assert pod_lines(stack, "wait-1") == []  # never had a pod
+    assert pod_lines(stack, "v-wait-1") == []  # never had a pod
 
     def idle() -> dict[str, Any] | None:
         q = hw_json(stack, "get", "queue", "one-slot")
@@ -259,13 +261,13 @@ def test_waiting_and_running_actions_described_then_cancelled(stack: Stack) -> N
 
     q = eventually(idle, "one-slot to hold nothing")
     assert q["quota"]["gpu"]["used"] == "0"
-    for action_id in ("run-1", "wait-1"):
+    for action_id in ("v-run-1", "v-wait-1"):
         d = hw_json(stack, "describe", "action", action_id)
         assert (d["state"], d["reason"]) == ("cancelled", "Cancelled")
         assert d["cancel_requested_by"]
     # Once: a second cancel finds it ended and changes nothing.
-    code, out = hw(stack, "cancel", "run-1")
-    assert code == 0 and out.strip() == "action 'run-1' had already ended: cancelled"
+    code, out = hw(stack, "cancel", "v-run-1")
+    assert code == 0 and out.strip() == "action 'v-run-1' had already ended: cancelled"
 
     # The GPUs are free again on the cluster (the worker's report, as the scheduler sees it).
     def freed() -> bool | None:
@@ -279,10 +281,10 @@ def test_cancel_a_run(stack: Stack) -> None:
     code, out = hw(stack, "create", "queue", "held", "--action-concurrency", "0")
     assert code == 0, out
     for i in range(3):
-        args = ["submit", "--queue", "held", "--cpu", "1", "--run", "batch-7", "--id", f"b7-{i}"]
+        args = ["submit", "--queue", "held", "--cpu", "1", "--run", "batch-7", "--id", f"v-b7-{i}"]
         code, out = hw(stack, *args)
         assert code == 0, out
-    code, out = hw(stack, "submit", "--queue", "held", "--cpu", "1", "--id", "other-1")
+    code, out = hw(stack, "submit", "--queue", "held", "--cpu", "1", "--id", "v-other-1")
     assert code == 0, out
 
     def all_listed() -> list[dict[str, Any]] | None:
@@ -301,14 +303,14 @@ def test_cancel_a_run(stack: Stack) -> None:
     assert len(lines) == 3, out
     for i, line in enumerate(lines):
         assert line in (
-            f"action 'b7-{i}' cancelled (was submitting)",
-            f"action 'b7-{i}' cancelled (was waiting)",
+            f"action 'v-b7-{i}' cancelled (was submitting)",
+            f"action 'v-b7-{i}' cancelled (was waiting)",
         ), line
     rows = hw_json(stack, "get", "actions", "--run", "batch-7", "--state", "cancelled")
-    assert {r["action_id"] for r in rows} <= {"b7-0", "b7-1", "b7-2"}
-    d = hw_json(stack, "describe", "action", "other-1")
+    assert {r["action_id"] for r in rows} <= {"v-b7-0", "v-b7-1", "v-b7-2"}
+    d = hw_json(stack, "describe", "action", "v-other-1")
     assert d["state"] in ("submitting", "waiting")  # another run: untouched
-    code, out = hw(stack, "cancel", "other-1")
+    code, out = hw(stack, "cancel", "v-other-1")
     assert code == 0, out
     code, out = hw(stack, "cancel", "--run", "batch-7")
     assert code == 0 and out.strip() == "No action of run 'batch-7' is in flight."
@@ -322,15 +324,15 @@ def test_drain_and_resume_a_queue(stack: Stack) -> None:
     assert out.startswith("queue 'drainable' ")
     assert hw_json(stack, "get", "queue", "drainable")["status"] in ("draining", "drained")
     code, out = hw(
-        stack, "submit", "--queue", "drainable", "--cpu", "1", "--id", "late-1", "--wait"
+        stack, "submit", "--queue", "drainable", "--cpu", "1", "--id", "v-late-1", "--wait"
     )
     assert code == 1, out
-    d = hw_json(stack, "describe", "action", "late-1")
+    d = hw_json(stack, "describe", "action", "v-late-1")
     assert (d["state"], d["reason"]) == ("rejected", "QueueDraining")
     code, out = hw(stack, "resume", "queue", "drainable")
     assert code == 0 and "active (was drain" in out, out
     code, out = hw(
-        stack, "submit", "--queue", "drainable", "--cpu", "1", "--duration", "0", "--id", "ok-1"
+        stack, "submit", "--queue", "drainable", "--cpu", "1", "--duration", "0", "--id", "v-ok-1"
     )
     assert code == 0, out
     code, out = hw(stack, "get", "queues")
