@@ -97,6 +97,7 @@ def build_control_plane_worker(
             store_acts.put_lease_wait,
             store_acts.finish_lease,
             store_acts.sync,
+            store_acts.set_door,
             store_acts.fleet_specs,
             dispatch.dispatch,
         ],

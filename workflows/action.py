@@ -64,13 +64,24 @@ with workflow.unsafe.imports_passed_through():
         Rejection,
     )
 
-__all__ = ["SA", "ActionResult", "ActionStatus", "ActionWorkflow"]
+__all__ = [
+    "SA",
+    "SUBMITTED_UPDATE",
+    "ActionResult",
+    "ActionStatus",
+    "ActionWorkflow",
+    "SubmitAnswer",
+]
 
 #: Typed search attribute keys (all Keyword), by ``protocol.SEARCH_ATTRIBUTES`` name.
 SA = {name: SearchAttributeKey.for_keyword(name) for name in protocol.SEARCH_ATTRIBUTES}
 
 #: How long the first task's local activity waits for the admission in-process.
 ADMIT_WAIT_S = 2.0
+
+#: Update on the action workflow: the submission's answer (``SubmitAnswer``), given as
+#: soon as the door decided; the client sends it with the start (update-with-start).
+SUBMITTED_UPDATE = "submitted"
 
 #: Events kept on the workflow for the ``state`` query (the oldest are dropped first,
 #: the terminal one is always kept).
@@ -127,6 +138,25 @@ class ActionStatus:
 
 
 @dataclass
+class SubmitAnswer:
+    """The answer to a submission (the ``submitted`` update), once the door decided.
+
+    ``accepted``: taken in; ``state`` is then ``waiting``, or ``running`` when it was
+    admitted at once. Else ``state`` is ``rejected`` with the door's ``reason`` (e.g.
+    ``QueueDepthExceeded``), its ``message`` and, when rate limited, ``retry_after``
+    seconds (None: no retry would pass until the limit is changed).
+    """
+
+    action_id: str
+    accepted: bool
+    state: str
+    reason: str | None = None
+    message: str = ""
+    retry_after: float | None = None
+    cluster: str | None = None
+
+
+@dataclass
 class ActionResult:
     """How an action ended (the workflow's result, or the details of its failure)."""
 
@@ -158,6 +188,8 @@ class ActionWorkflow:
         self._lean = False
         # Revision 2+: the first publish also sets queue, tenant and run (none at start).
         self._first_publish = False
+        # The submission's answer (the ``submitted`` update), once the door decided.
+        self._answer: SubmitAnswer | None = None
 
     # --- handlers -----------------------------------------------------------------
 
@@ -183,6 +215,16 @@ class ActionWorkflow:
         if event.kind in protocol.TERMINAL_EVENTS and self._terminal is None:
             self._terminal = event
 
+    @workflow.update(name=SUBMITTED_UPDATE)
+    async def submitted(self) -> SubmitAnswer:
+        """The submission's answer, as soon as the door decided (accepted or rejected)."""
+        st = self._status
+        await workflow.wait_condition(lambda: self._answer is not None or st.ended_at is not None)
+        if self._answer is not None:
+            return self._answer
+        # Ended before the door was asked (cancelled at once).
+        return SubmitAnswer(st.action_id, st.state != "rejected", st.state, st.reason)
+
     @workflow.query(name="state")
     def state(self) -> ActionStatus:
         """State, queue, cluster, reasons and recorded events."""
@@ -194,10 +236,13 @@ class ActionWorkflow:
     async def run(self, req: SubmitRequest) -> ActionResult:
         """Enqueue, wait for admission, run on the admitted cluster, release.
 
+        Returns:
+            How it ended: succeeded, or rejected (``state`` "rejected", its reason and
+            message; runs recorded before patch ``rejected-completes`` raised instead).
+
         Raises:
             ApplicationError: the action failed (type = the attributed reason, e.g.
-                ``OOMKilled``) or was rejected (type ``Rejected``); details[0] is the
-                ``ActionResult`` as a dict.
+                ``OOMKilled``); details[0] is the ``ActionResult`` as a dict.
             asyncio.CancelledError: the action was cancelled (pods deleted, released).
         """
         self._req = req
@@ -264,6 +309,12 @@ class ActionWorkflow:
                     start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
                 )
+                if out.rejection is not None:
+                    # Refused at the door: no lease was written, nothing to release.
+                    rj = out.rejection
+                    return self._end_rejected(
+                        rj.reason, rj.message, retry_after=rj.retry_after, at_door=True
+                    )
                 if out.admission is not None:
                     self.admit(out.admission)
             else:
@@ -273,6 +324,13 @@ class ActionWorkflow:
                     start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
                 )
+            adm = self._admission
+            self._answer = SubmitAnswer(
+                req.action_id,
+                True,
+                "running" if adm is not None else "waiting",
+                cluster=adm.cluster if adm is not None else None,
+            )
             st.state, st.reason = "waiting", "Waiting"
             if not self._lean or (self._first_publish and self._admission is None):
                 self._publish()
@@ -408,9 +466,26 @@ class ActionWorkflow:
             message=message,
         )
 
-    def _end_rejected(self, reason: str, message: str) -> ActionResult:
+    def _end_rejected(
+        self,
+        reason: str,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        at_door: bool = False,
+    ) -> ActionResult:
         self._status.reasons = [reason]
         res = self._end("rejected", reason, message=message)
+        if self._answer is None:
+            self._answer = SubmitAnswer(
+                res.action_id, False, "rejected", reason, message, retry_after
+            )
+        # A rejection is an answer, not a crash: the workflow completes with it (its
+        # result says rejected, why and what), where it used to fail with a stack trace.
+        # Refusals at the door are new (no recorded run ends differently); other
+        # rejections take the patch (only a rejected action records its marker).
+        if at_door or workflow.patched("rejected-completes"):
+            return res
         raise ApplicationError(
             f"action {res.action_id} rejected: {reason}{': ' + message if message else ''}",
             asdict(res),

@@ -63,10 +63,12 @@ with workflow.unsafe.imports_passed_through():
         DONE_CHANNEL,
         FLEET_ACTIVITY,
         NUDGE_SIGNAL,
+        SET_DOOR_ACTIVITY,
         SYNC_ACTIVITY,
         AdmitItem,
         DispatchBatch,
         DispatchResult,
+        DoorInput,
         Rejection,
         RejectItem,
         SchedulerInput,
@@ -152,6 +154,10 @@ class SchedulerWorkflow:
         # Whether silent workers mark their cluster down (patched in run()).
         self._silent_checks = False
         self._early_reports: dict[str, CapacityReport] = {}
+        # The door's settings pushed to the store: changes made, changes pushed.
+        self._door_gen = 0
+        self._door_pushed = 0
+        self._door_lock = asyncio.Lock()
         self._max_history = inp.max_history
         self._changed = True
         self._nudged: set[str] = set()
@@ -289,11 +295,12 @@ class SchedulerWorkflow:
     # --- inbound: queue configuration (updates with validators) ---------------------
 
     @workflow.update(name=protocol.UPSERT_QUEUE_UPDATE)
-    def upsert_queue(self, spec: dict[str, Any]) -> dict[str, Any]:
+    async def upsert_queue(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Create or replace a queue; returns the applied ``QueueSpec.to_dict()``."""
         q = _parse_queue(spec)
         _apply(lambda: self._core.upsert_queue(q))
         self._changed = True
+        await self._push_door()
         return q.to_dict()
 
     @upsert_queue.validator
@@ -301,12 +308,13 @@ class SchedulerWorkflow:
         _parse_queue(spec)
 
     @workflow.update(name=protocol.UPDATE_QUEUE_UPDATE)
-    def update_queue(self, req: dict[str, Any]) -> dict[str, Any]:
+    async def update_queue(self, req: dict[str, Any]) -> dict[str, Any]:
         """Change some knobs of a queue live (``{"name", "changes"}``); in-flight work stays."""
         spec: QueueSpec = _apply(
             lambda: self._core.update_queue(req["name"], req.get("changes") or {})
         )
         self._changed = True
+        await self._push_door()
         return spec.to_dict()
 
     @update_queue.validator
@@ -321,16 +329,50 @@ class SchedulerWorkflow:
             raise ValueError(f"changes: {changes!r} is not a mapping")
 
     @workflow.update(name=protocol.SET_ORG_UPDATE)
-    def set_org(self, org: dict[str, Any]) -> dict[str, Any]:
+    async def set_org(self, org: dict[str, Any]) -> dict[str, Any]:
         """Replace the tenant's org-wide limits."""
         limits = _parse_org(org)
         _apply(lambda: self._core.set_org(limits))
         self._changed = True
+        await self._push_door()
         return limits.to_dict()
 
     @set_org.validator
     def _validate_org(self, org: dict[str, Any]) -> None:
         _parse_org(org)
+
+    async def _push_door(self) -> None:
+        """Put the door's settings (queues, the org's submit rate) into the store, where
+        ``put_lease`` decides every submission against them (patch ``door``).
+
+        An update returns only once its change is at the door, so a submission after it
+        is decided by the new settings. Pushes go one at a time, each with the state as
+        it is when it starts: the last leaves the store as the core is.
+        """
+        if not workflow.patched("door"):
+            return
+        self._door_gen += 1
+        want = self._door_gen
+        async with self._door_lock:
+            if self._door_pushed >= want:
+                return  # a push that started after this change carried it
+            at = self._door_gen
+            org = self._core.org.submit_rate
+            inp = DoorInput(
+                tenant=self._tenant,
+                rate={"per_second": org.per_second, "burst": org.burst} if org else None,
+                queues={
+                    name: {"status": q.spec.status.value, "depth": q.spec.depth, "rate": None}
+                    for name, q in sorted(self._core.queues.items())
+                },
+            )
+            await workflow.execute_local_activity(
+                SET_DOOR_ACTIVITY,
+                inp,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_RETRY,
+            )
+            self._door_pushed = at
 
     # --- queries ----------------------------------------------------------------------
 
@@ -443,6 +485,10 @@ class SchedulerWorkflow:
                     self._core.add_cluster(ClusterSpec.from_dict(c))
             self._changed = True
         self._fleet_known = True
+        # Every run puts its settings at the door first: a tenant's first run makes its
+        # door, a continued one restates it, and one recorded before the door existed
+        # (patch ``door``) brings it to a store that never had it.
+        await self._push_door()
         early, self._early_reports = self._early_reports, {}
         for report in early.values():
             self.capacity_report(report)
@@ -681,7 +727,9 @@ class SchedulerWorkflow:
                 # here, waiting or running; submitting twice would raise on every retry.
                 workflow.logger.warning("lease of %r delivered again: kept once", spec.id)
                 continue
-            rejected = self._core.submit(spec, now)
+            # A lease taken in at the door (``put_lease``) was decided there against the
+            # store's whole backlog; the core does not decide the door's rules again.
+            rejected = self._core.submit(spec, now, door=not d.get("door"))
             if rejected is not None:
                 self._stats["rejected"] += 1
                 self._out_reject.append(

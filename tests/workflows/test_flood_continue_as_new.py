@@ -186,6 +186,7 @@ async def flood(client: Client, tenant: str, tmp_path: Path) -> Flood:
             store_acts.put_lease,
             store_acts.finish_lease,
             store_acts.sync,
+            store_acts.set_door,
             store_acts.fleet_specs,
             actions.dispatch,
         ],
