@@ -197,13 +197,10 @@ class GangTracker:
             return [self.terminal]
         return []
 
-    def summary(self) -> dict[str, str]:
-        """Pod -> latest kind (visible in the Temporal UI)."""
-        return {pod: str(kind) for pod, (kind, _) in self._latest.items()}
-
     def details(self) -> dict[str, Any]:
-        """The heartbeat details: which pods this dispatch created, and each one's node
-        and latest kind, so a retried attempt knows what to adopt and what was lost."""
+        """The heartbeat details (visible in the Temporal UI): which pods this dispatch
+        created, and each one's node and latest kind, so a retried attempt knows what to
+        adopt and what was lost."""
         return {
             "dispatch": self.dispatch,
             "created": list(self.pods),
