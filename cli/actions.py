@@ -51,6 +51,8 @@ _ROLES = {
 }
 
 
+#: After this long, ``cancel`` says what it is waiting for.
+PATIENCE_S = 3.0
 #: Informer event kinds after which a pod is gone (``protocol.TERMINAL_EVENTS``).
 _TERMINAL = ("Succeeded", "Failed", "OOMKilled", "Preempted", "NodeLost", "ImagePullFailed")
 
@@ -478,8 +480,23 @@ def cancel(
                 except hw.ActionNotFoundError:
                     return None
 
+        async def patience() -> None:
+            # A running action ends once its cluster worker has deleted the pods, which
+            # it learns of at its next heartbeat to Temporal: say so rather than hang.
+            await asyncio.sleep(PATIENCE_S)
+            click.echo(
+                "waiting for the cancelled actions to end (a running one ends once its "
+                "cluster worker has deleted its pods)...",
+                err=True,
+            )
+
+        notice = asyncio.create_task(patience()) if wait else None
+        try:
+            outcomes = await asyncio.gather(*(one(a) for a in ids))
+        finally:
+            if notice is not None:
+                notice.cancel()
         ok = True
-        outcomes = await asyncio.gather(*(one(a) for a in ids))
         for action_id, outcome in zip(ids, outcomes, strict=True):
             line, good = _cancel_line(cfg, action_id, outcome, wait, timeout)
             click.echo(line, err=not good)

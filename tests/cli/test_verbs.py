@@ -633,6 +633,25 @@ def test_cancel_fails_for_a_missing_action_or_a_timeout(cancels: dict[str, Any])
     assert "action 'ghost' not found in tenant 'default'" in res.output
 
 
+def test_cancel_says_what_it_waits_for(
+    cancels: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from headway.cli import actions
+
+    async def slow(client: Any, tenant: str, action_id: str, **kw: Any) -> hw.CancelOutcome:
+        await asyncio.sleep(0.2)
+        return hw.CancelOutcome(action_id, "running", True, _ended(action_id, "cancelled"))
+
+    monkeypatch.setattr(hw, "cancel_action", slow)
+    monkeypatch.setattr(actions, "PATIENCE_S", 0.05)
+    res = CliRunner().invoke(cli, ["cancel", "r9"])
+    assert res.exit_code == 0, res.output
+    assert res.stderr.startswith("waiting for the cancelled actions to end")
+    assert res.stdout == "action 'r9' cancelled (was running)\n"
+
+
 def test_cancel_without_waiting(cancels: dict[str, Any]) -> None:
     cancels["w1"] = hw.CancelOutcome("w1", "waiting", True)
     res = run("cancel", "w1", "--no-wait")
