@@ -28,7 +28,20 @@ if TYPE_CHECKING:
     from temporalio.client import Client as TemporalClient
     from temporalio.client import WorkflowHandle
 
-__all__ = ["Action", "ActionConflictError", "Client", "Resources", "Run", "Task"]
+__all__ = [
+    "Action",
+    "ActionConflictError",
+    "Client",
+    "QueueDraining",
+    "QueueFull",
+    "RateLimited",
+    "Resources",
+    "Run",
+    "SubmissionRejected",
+    "Task",
+    "UnknownQueue",
+    "rejection",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -39,6 +52,119 @@ def __getattr__(name: str) -> Any:
 
         return ActionConflictError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class SubmissionRejected(Exception):
+    """A submission was refused at the door; nothing was left waiting or holding anything.
+
+    One subclass per class of answer (catch this one for all of them):
+    :class:`UnknownQueue`, :class:`QueueDraining`, :class:`QueueFull` (the queue's
+    depth), :class:`RateLimited` (with ``retry_after``). A reason without a subclass of
+    its own (e.g. ``InvalidDemand``) is raised as this class.
+
+    Attributes:
+        tenant, action_id, queue: what was submitted where.
+        reason: the scheduler's reason (``QueueDepthExceeded``, ``RateLimited``, ...).
+        detail: the facts behind it (the limit and its value).
+        hint: what to change for the next submission to pass.
+        exit_code: the CLI's exit code for this class (3: refused by a queue's or the
+            tenant's policy; 4: rate limited, retry later).
+    """
+
+    exit_code = 3
+    hint = "see the reason above"
+
+    def __init__(
+        self,
+        tenant: str,
+        action_id: str,
+        queue: str,
+        reason: str,
+        detail: str = "",
+        retry_after: float | None = None,
+    ) -> None:
+        self.tenant = tenant
+        self.action_id = action_id
+        self.queue = queue
+        self.reason = reason
+        self.detail = detail
+        self.retry_after = retry_after
+        self.hint = self._hint()
+        super().__init__(
+            f"action {action_id!r} rejected ({reason}): {detail or reason}; {self.hint}"
+        )
+
+    def _hint(self) -> str:
+        return type(self).hint
+
+
+class UnknownQueue(SubmissionRejected):
+    """The queue does not exist (in this tenant)."""
+
+    def _hint(self) -> str:
+        return (
+            f"create it (headway create queue {self.queue}) or submit to one of "
+            "`headway get queues`"
+        )
+
+
+class QueueDraining(SubmissionRejected):
+    """The queue is draining or drained: it takes no new work."""
+
+    def _hint(self) -> str:
+        return f"submit to another queue, or reopen it (headway resume queue {self.queue})"
+
+
+class QueueFull(SubmissionRejected):
+    """The queue holds its ``depth`` of actions (waiting + running, its backlog included)."""
+
+    def _hint(self) -> str:
+        return (
+            "submit again once some of its actions have ended, or raise its depth "
+            f"(headway update queue {self.queue} --depth N)"
+        )
+
+
+class RateLimited(SubmissionRejected):
+    """The tenant's (or the queue's) submit rate is exhausted: retry after ``retry_after``
+    seconds (None: not before the limit is changed). Resubmitting the same id is safe."""
+
+    exit_code = 4
+
+    def _hint(self) -> str:
+        later = (
+            f"retry after {_seconds(self.retry_after)} s (the same id may be resubmitted)"
+            if self.retry_after is not None
+            else "no retry passes until the limit is raised"
+        )
+        return f"{later}, or raise the limit (headway update org --submit-rate R --submit-burst B)"
+
+
+_REJECTIONS: dict[str, type[SubmissionRejected]] = {
+    "UnknownQueue": UnknownQueue,
+    "QueueDraining": QueueDraining,
+    "QueueDepthExceeded": QueueFull,
+    "RateLimited": RateLimited,
+}
+
+
+def rejection(
+    tenant: str,
+    action_id: str,
+    queue: str,
+    reason: str,
+    detail: str = "",
+    retry_after: float | None = None,
+) -> SubmissionRejected:
+    """The exception of ``reason``'s class (``SubmissionRejected`` for any other)."""
+    cls = _REJECTIONS.get(reason, SubmissionRejected)
+    return cls(tenant, action_id, queue, reason, detail, retry_after)
+
+
+def _seconds(v: float) -> str:
+    """A wait as people read it: rounded up to a tenth (0.03 -> 0.1), whole from 10 on."""
+    tenths = -(-v * 10 // 1) / 10
+    return f"{tenths:g}" if tenths < 10 else str(int(-(-v // 1)))
 
 
 #: Where the Temporal Web UI is, for the links the SDK and CLI print.
@@ -120,7 +246,8 @@ class Action:
 
     ``created`` is False when the id existed already with the same submission: this is
     that action, nothing new was started (``state`` is its state then, and ``ended`` how
-    it ended, if it had).
+    it ended, if it had). A new one's ``state`` is what the door answered: ``waiting``,
+    or ``running`` (on ``cluster``) when it was admitted at once.
     """
 
     def __init__(
@@ -132,6 +259,7 @@ class Action:
         created: bool = True,
         state: str = "submitting",
         ended: ActionResult | None = None,
+        cluster: str | None = None,
     ):
         self._client = client
         self.request = request
@@ -139,6 +267,7 @@ class Action:
         self.created = created
         self.state = state
         self.ended = ended
+        self.cluster = cluster
 
     @property
     def id(self) -> str:
@@ -266,13 +395,21 @@ class Client:
     ) -> Action:
         """Enqueue one action of ``task`` on ``queue`` (else the task's, else "default").
 
+        The answer is synchronous: this returns once the queue's door took the action
+        in (``state`` ``waiting``, or ``running`` if it was admitted at once), and raises
+        if the door refused it.
+
         Idempotent by ``id``: submitting an id that exists with the same submission
         (queue, task, resources, run, image, ...) starts nothing and returns that action,
         running or ended, with ``created`` False; retrying a submission whose answer was
         lost is therefore safe. An id is never run twice: to run the same task again,
-        give it a new id.
+        give it a new id. An id whose submission was rejected may be submitted again
+        (that is how a ``RateLimited`` one is retried).
 
         Raises:
+            SubmissionRejected: refused at the door, nothing left behind; by class
+                ``UnknownQueue``, ``QueueDraining``, ``QueueFull`` (depth),
+                ``RateLimited`` (``retry_after`` seconds).
             ActionConflictError: the id exists with a different submission; the message
                 names the id and every field that differs. Nothing was changed.
         """
@@ -280,7 +417,25 @@ class Client:
 
         req = self.request(task, queue=queue, run=run, id=id, inject=inject)
         sub = await hw.submit_action(self.temporal, req)
-        return Action(self, req, sub.handle, created=sub.created, state=sub.state, ended=sub.result)
+        answer = sub.answer
+        if answer is not None and not answer.accepted:
+            raise rejection(
+                req.tenant,
+                req.action_id,
+                req.queue,
+                answer.reason or "Rejected",
+                answer.message,
+                answer.retry_after,
+            )
+        return Action(
+            self,
+            req,
+            sub.handle,
+            created=sub.created,
+            state=sub.state,
+            ended=sub.result,
+            cluster=sub.answer.cluster if sub.answer is not None else None,
+        )
 
     async def why(self, action_id: str) -> Any:
         """Why ``action_id`` is where it is."""

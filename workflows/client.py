@@ -19,9 +19,11 @@ from headway.scheduler import demand_from_request
 from headway.scheduler.model import ClusterSpec
 from headway.workflows.action import (
     SA,
+    SUBMITTED_UPDATE,
     ActionResult,
     ActionStatus,
     ActionWorkflow,
+    SubmitAnswer,
     start_attributes,
 )
 from headway.workflows.scheduler import SchedulerWorkflow
@@ -30,6 +32,7 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import (
     Client,
+    WithStartWorkflowOperation,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
@@ -96,15 +99,18 @@ class Submission:
         created: True when this call started the action; False when the id existed with
             the same submission, so nothing new was started (like ``kubectl apply`` of an
             unchanged object).
-        state: the action's state now: ``submitting`` for a new one, else the existing
-            action's (``waiting``, ``running``, ``succeeded``, ``failed``, ...).
+        state: the action's state now: ``waiting`` (or ``running``, admitted at once) for
+            a new one, else the existing action's (``waiting``, ``running``,
+            ``succeeded``, ``failed``, ...).
         result: how the existing action ended, when it has.
+        answer: the door's answer to a new one (None for an existing one).
     """
 
     handle: WorkflowHandle[ActionWorkflow, ActionResult]
     created: bool
     state: str
     result: ActionResult | None = None
+    answer: SubmitAnswer | None = None
 
 
 class ActionConflictError(Exception):
@@ -148,18 +154,27 @@ async def submit(
 
 
 async def submit_action(client: Client, req: SubmitRequest) -> Submission:
-    """Start an action's workflow, or answer with the action that already has its id.
+    """Submit an action and answer once its queue's door decided, or answer with the
+    action that already has its id.
 
-    The workflow enqueues itself with its shard scheduler (starting it if needed). The
-    request is stamped with today's ``protocol.ACTION_REVISION`` unless it names one.
+    One round trip (update-with-start): the action's workflow is started together with
+    its ``submitted`` update, which returns once the door (``LeaseStore.put_lease``) has
+    taken the action in (its lease written, the scheduler nudged) or refused it: the
+    ``answer`` (``accepted``; else ``state`` "rejected", its reason, message and
+    ``retry_after``). A refused one has left nothing behind: no lease, and a workflow
+    that completed at once as ``rejected`` (``wait_result`` reads it). The SDK and the
+    CLI raise on a rejection (``headway.sdk.SubmissionRejected``). The request is
+    stamped with today's ``protocol.ACTION_REVISION`` unless it names one.
 
     Idempotent by action id, for as long as the namespace retains the workflow: an id is
-    never started twice, whether its action still runs or has ended. A second run of an
+    never run twice, whether its action still runs or has ended. A second run of an
     ended id would write a lease the store and the scheduler already consider done, and
     wait for an admission that never comes; so the start rejects duplicates, and the
     existing action is compared with this request instead. The same submission (every
     field but ``revision``; the demand compared as parsed, so ``cpu="1"`` equals
-    ``cpu=1``) answers with that action, ``created=False``; a different one raises.
+    ``cpu=1``) answers with that action, ``created=False``; a different one raises. An
+    id whose action was rejected ran nothing, and is submitted again (a rate-limited
+    client retries with the same id).
 
     Raises:
         ActionConflictError: the id exists with a different submission (or belongs to a
@@ -169,30 +184,51 @@ async def submit_action(client: Client, req: SubmitRequest) -> Submission:
         req = dataclasses.replace(req, revision=protocol.ACTION_REVISION)
     sa, memo = start_attributes(req)
     workflow_id = protocol.action_workflow_id(req.tenant, req.action_id)
-    for attempt in range(3):
+    reuse = WorkflowIDReusePolicy.REJECT_DUPLICATE
+    for attempt in range(4):
+        start = WithStartWorkflowOperation(
+            ActionWorkflow.run,
+            req,
+            id=workflow_id,
+            task_queue=protocol.CONTROL_TASK_QUEUE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            id_reuse_policy=reuse,
+            search_attributes=sa,
+            memo=memo,
+            priority=protocol.tenant_priority(req.tenant),
+        )
         try:
-            handle = await client.start_workflow(
-                ActionWorkflow.run,
-                req,
-                id=workflow_id,
-                task_queue=protocol.CONTROL_TASK_QUEUE,
-                search_attributes=sa,
-                memo=memo,
-                priority=protocol.tenant_priority(req.tenant),
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            answer: SubmitAnswer = await client.execute_update_with_start_workflow(
+                SUBMITTED_UPDATE, start_workflow_operation=start, result_type=SubmitAnswer
             )
-            return Submission(handle, created=True, state="submitting")
         except WorkflowAlreadyStartedError as err:
             existing = client.get_workflow_handle_for(
                 ActionWorkflow.run, workflow_id, run_id=err.run_id
             )
+        else:
+            handle = await start.workflow_handle()
+            return Submission(handle, created=True, state=answer.state, answer=answer)
         try:
+            if await _ended_rejected(existing):
+                # It ran nothing and holds nothing: this submission starts it afresh.
+                reuse = WorkflowIDReusePolicy.ALLOW_DUPLICATE
+                continue
             return await _existing(client, existing, req)
         except RPCError as err:
             # Gone between the start and the look (its retention ran out): start again.
-            if err.status != RPCStatusCode.NOT_FOUND or attempt == 2:
+            if err.status != RPCStatusCode.NOT_FOUND or attempt == 3:
                 raise
     raise AssertionError("unreachable")
+
+
+async def _ended_rejected(handle: WorkflowHandle[ActionWorkflow, ActionResult]) -> bool:
+    """Whether an action's workflow has ended, and as ``rejected``."""
+    desc = await handle.describe()
+    if desc.workflow_type != protocol.ACTION_WORKFLOW:
+        return False
+    if desc.status in (None, WorkflowExecutionStatus.RUNNING):
+        return False
+    return (await wait_result(handle)).state == "rejected"
 
 
 async def _existing(
