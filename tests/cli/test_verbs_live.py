@@ -172,8 +172,9 @@ def test_describe_a_finished_and_a_rejected_action(stack: Stack) -> None:
     fits_80(out)
     assert "State:     succeeded" in out
 
+    # (`submit` itself may say so at once, with an exit code of its own: not tested here.)
     code, out = hw(stack, "submit", "--queue", "no-such-queue", "--cpu", "1", "--id", "v-rej-1")
-    assert code == 0, out
+    assert "Traceback" not in out, out
     d = eventually(
         lambda: (
             v
@@ -327,7 +328,7 @@ def test_drain_and_resume_a_queue(stack: Stack) -> None:
     code, out = hw(
         stack, "submit", "--queue", "drainable", "--cpu", "1", "--id", "v-late-1", "--wait"
     )
-    assert code == 1, out
+    assert code != 0, out
     d = hw_json(stack, "describe", "action", "v-late-1")
     assert (d["state"], d["reason"]) == ("rejected", "QueueDraining")
     code, out = hw(stack, "resume", "queue", "drainable")
