@@ -7,7 +7,14 @@ from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
-from headway.sdk.client import DEFAULT_QUEUE, Action, Resources, Task
+from headway.sdk.client import (
+    DEFAULT_QUEUE,
+    Action,
+    RateLimited,
+    Resources,
+    SubmissionRejected,
+    Task,
+)
 from headway.sdk.client import Client as HeadwayClient
 
 from ._common import settings, with_client
@@ -97,11 +104,25 @@ def submit(
 ) -> None:
     """Enqueue an action (or COUNT copies) and print where to follow it.
 
+    The answer comes with the call: "submitted ID to queue Q (waiting)" once the queue
+    took it in, or a rejection on stderr with its reason, the limit behind it and what
+    to change; a rejected action leaves nothing behind.
+
     Idempotent by --id, like `kubectl apply` of an unchanged object: an id that exists
     with the same submission starts nothing; it prints "exists ... (unchanged)" with
     the action's state (and its result if it ended) and exits 0. An id that exists with
     a different submission (queue, resources, ...) is an error naming the id and the
-    fields that differ; nothing is changed. An id is never run twice: use a new one.
+    fields that differ; nothing is changed. An id is never run twice: use a new one. An
+    id that was rejected may be submitted again (a rate-limited one, after the wait).
+
+    \b
+    Exit codes:
+      0  every action was taken in (with --wait: and succeeded)
+      1  an error (an id exists with a different submission; with --wait, an action
+         did not succeed; the server is unreachable)
+      3  rejected by policy: the queue does not exist, is draining, or is at its depth
+      4  rate limited: the tenant's submit rate is exhausted; retry after the time said
+    With --count, the other ids still go in; the code says the worst: 1, then 3, then 4.
     """
     cfg = settings(ctx)
     tenant = tenant or cfg.tenant
@@ -113,6 +134,8 @@ def submit(
         task, resources, replicas=replicas, duration=duration, estimate=estimate, image=image
     )
     ids = [action_id] if count == 1 else [f"{action_id or task}-{i}" for i in range(count)]
+
+    rejected: list[SubmissionRejected] = []
 
     async def go(client: Client) -> tuple[bool, list[str]]:
         from headway.workflows.client import ActionConflictError
@@ -130,6 +153,10 @@ def submit(
                 if len(ids) > 1:
                     click.echo(f"Error: {exc}", err=True)
                 continue
+            except SubmissionRejected as exc:
+                rejected.append(exc)
+                _report_rejected(exc, as_json=as_json)
+                continue
             actions.append(action)
             _report(action, queue, as_json=as_json, waiting=wait)
         if not wait:
@@ -146,6 +173,12 @@ def submit(
         return ok, conflicts
 
     ok, conflicts = with_client(cfg, go)
+    if rejected and not conflicts:
+        if len(ids) > 1:
+            click.echo(f"{len(rejected)} of {len(ids)} submissions rejected (above)", err=True)
+        # A rejection is an answer, not an error of the command: its own exit code.
+        policy = [r for r in rejected if not isinstance(r, RateLimited)]
+        ctx.exit((policy[0] if policy else rejected[0]).exit_code)
     if conflicts:
         if len(ids) == 1:
             raise click.ClickException(conflicts[0])
@@ -174,13 +207,35 @@ def _report(action: Action, queue: str, *, as_json: bool, waiting: bool) -> None
         click.echo(json.dumps(line, default=str))
         return
     if action.created:
-        click.echo(f"submitted {action.id} to queue {queue!r}: {action.ui_url}")
+        where = f" on {action.cluster}" if action.cluster else ""
+        click.echo(
+            f"submitted {action.id} to queue {queue!r} ({action.state}{where}): {action.ui_url}"
+        )
         return
     click.echo(
         f"exists {action.id} on queue {queue!r} (unchanged, {action.state}): {action.ui_url}"
     )
     if ended is not None and not waiting:  # with --wait the result line comes below
         click.echo(f"{action.id}: {_describe(ended)}")
+
+
+def _report_rejected(exc: SubmissionRejected, *, as_json: bool) -> None:
+    """A rejection on stderr: its reason, the limit behind it and what to change."""
+    if as_json:
+        line = {
+            "id": exc.action_id,
+            "queue": exc.queue,
+            "created": False,
+            "state": "rejected",
+            "reason": exc.reason,
+            "message": exc.detail,
+            "retry_after": exc.retry_after,
+            "hint": exc.hint,
+        }
+        click.echo(json.dumps(line, default=str), err=True)
+        return
+    click.echo(f"rejected {exc.action_id} ({exc.reason}): {exc.detail or exc.reason}", err=True)
+    click.echo(f"  what to change: {exc.hint}", err=True)
 
 
 def _describe(data: Any) -> str:

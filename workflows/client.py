@@ -8,6 +8,7 @@ start it if absent (``ensure_scheduler``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -202,6 +203,10 @@ async def submit_action(client: Client, req: SubmitRequest) -> Submission:
                 SUBMITTED_UPDATE, start_workflow_operation=start, result_type=SubmitAnswer
             )
         except WorkflowAlreadyStartedError as err:
+            # The operation's own handle failed with the same error: retrieved, so that
+            # asyncio does not report it as never retrieved.
+            with contextlib.suppress(WorkflowAlreadyStartedError):
+                await start.workflow_handle()
             existing = client.get_workflow_handle_for(
                 ActionWorkflow.run, workflow_id, run_id=err.run_id
             )

@@ -1,0 +1,156 @@
+"""``headway submit`` answers at the door (issue #23): exit 0 when the queue took the action
+in, 3 when a queue's or the tenant's policy refused it (unknown queue, draining, depth),
+4 when rate limited (with when to retry); the reason, the limit behind it and what to
+change on stderr, never a traceback; nothing left behind.
+
+Against a real Temporal dev server with the control-plane worker and one simulated
+cluster worker as ``headway worker ...`` child processes, as in ``test_e2e``; each test
+in a tenant of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner, Result
+from headway.cli._common import load_fleet
+from headway.cli._stack import Stack, _headway, wait_ready
+from headway.cli.main import cli
+from temporalio.testing import WorkflowEnvironment
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "door-cpu"
+FLEET = f"""\
+clusters:
+  - name: {CLUSTER}
+    node_groups:
+      - {{name: c, count: 2, shape: {{cpu: 16, memory: 64Gi}}}}
+queues:
+  - name: default
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(
+    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    address = temporal_env.client.service_client.config.target_host
+    data_dir = tmp_path_factory.mktemp("door")
+    fleet_path = data_dir / "fleet.yaml"
+    fleet_path.write_text(FLEET)
+    s = Stack(data_dir, address, None)
+    try:
+        common = ["--address", address]
+        s.spawn(
+            "control-plane",
+            _headway(
+                *common,
+                "worker",
+                "control-plane",
+                "--fleet",
+                str(fleet_path),
+                "--database-url",
+                f"sqlite:///{data_dir / 'headway.db'}",
+            ),
+        )
+        s.spawn(
+            f"cluster-{CLUSTER}",
+            _headway(*common, "worker", "cluster", "--name", CLUSTER, "--fleet", str(fleet_path)),
+        )
+        asyncio.run(wait_ready(s, load_fleet(fleet_path)))
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def tenant() -> str:
+    return f"door{uuid.uuid4().hex[:8]}"
+
+
+def hw(stack: Stack, tenant: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["--address", stack.address, "--tenant", tenant, *args])
+
+
+def submit(stack: Stack, tenant: str, *args: str) -> Result:
+    return hw(stack, tenant, "submit", "--cpu", "1", "--memory", "1Gi", *args)
+
+
+def answered(res: Result) -> None:
+    """The command ended by itself with an answer, not by an exception."""
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.output
+    assert "Traceback" not in res.output
+
+
+def ok(res: Result) -> Result:
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def test_accepted_is_exit_0_with_the_state(stack: Stack, tenant: str) -> None:
+    ok(hw(stack, tenant, "create", "queue", "default"))
+    res = ok(submit(stack, tenant, "--id", "a1", "--duration", "0"))
+    assert re.search(r"submitted a1 to queue 'default' \((waiting|running)", res.stdout)
+    assert res.stderr == ""
+
+
+def test_unknown_queue_exits_3_with_the_reason_and_what_to_change(
+    stack: Stack, tenant: str
+) -> None:
+    ok(hw(stack, tenant, "create", "queue", "default"))
+    res = submit(stack, tenant, "--id", "u1", "--queue", "nope")
+    answered(res)
+    assert res.exit_code == 3, res.output
+    assert res.stdout == ""
+    assert "rejected u1 (UnknownQueue): queue 'nope' does not exist" in res.stderr
+    assert "what to change: create it (headway create queue nope)" in res.stderr
+
+
+def test_draining_queue_exits_3(stack: Stack, tenant: str) -> None:
+    ok(hw(stack, tenant, "create", "queue", "closing"))
+    ok(hw(stack, tenant, "drain", "queue", "closing"))
+    res = submit(stack, tenant, "--id", "d1", "--queue", "closing")
+    answered(res)
+    assert res.exit_code == 3, res.output
+    assert "rejected d1 (QueueDraining): queue 'closing' is draining" in res.stderr
+    assert "headway resume queue closing" in res.stderr
+    # Reopened: the same id goes in (a rejected id may be submitted again).
+    ok(hw(stack, tenant, "resume", "queue", "closing"))
+    res = ok(submit(stack, tenant, "--id", "d1", "--queue", "closing"))
+    assert "submitted d1 to queue 'closing'" in res.stdout
+
+
+def test_depth_rejects_exactly_the_excess_of_a_batch(stack: Stack, tenant: str) -> None:
+    """Depth 20, 25 submissions in one --count batch: 5 rejected (nothing is admitted)."""
+    ok(hw(stack, tenant, "create", "queue", "q", "--depth", "20", "--action-concurrency", "0"))
+    res = submit(stack, tenant, "--queue", "q", "--id", "x", "--count", "25")
+    answered(res)
+    assert res.exit_code == 3, res.output
+    assert len(re.findall(r"^submitted x-\d+ ", res.stdout, re.M)) == 20
+    assert len(re.findall(r"^rejected x-\d+ \(QueueDepthExceeded\)", res.stderr, re.M)) == 5
+    assert "queue 'q' holds 20 actions (waiting + running); its depth is 20" in res.stderr
+    assert "5 of 25 submissions rejected (above)" in res.stderr
+    assert "headway update queue q --depth N" in res.stderr
+
+
+def test_rate_limited_exits_4_with_when_to_retry(stack: Stack, tenant: str) -> None:
+    ok(hw(stack, tenant, "create", "queue", "default"))
+    # One submission per 100 s, a burst of one: the second is refused at once.
+    ok(hw(stack, tenant, "update", "org", "--submit-rate", "0.01", "--submit-burst", "1"))
+    ok(submit(stack, tenant, "--id", "r1", "--duration", "0"))
+    res = submit(stack, tenant, "--id", "r2", "--json")
+    answered(res)
+    assert res.exit_code == 4, res.output
+    line = json.loads(res.stderr.strip().splitlines()[-1])
+    assert (line["id"], line["state"], line["reason"]) == ("r2", "rejected", "RateLimited")
+    assert 0 < line["retry_after"] <= 100
+    text = submit(stack, tenant, "--id", "r3")
+    assert text.exit_code == 4, text.output
+    assert "rejected r3 (RateLimited): the tenant's submit rate (0.01/s, burst 1)" in text.stderr
+    assert re.search(r"retry after \d+ s", text.stderr), text.stderr
