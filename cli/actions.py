@@ -92,7 +92,8 @@ def get_actions(
     output: str,
 ) -> None:
     """List the tenant's actions, newest first (from Temporal's visibility, which lags
-    the actions by a moment). wide adds the run, start and end times and the workflow."""
+    the actions by a moment; a waiting action's reason is the scheduler's). wide adds
+    the run, start and end times and the workflow."""
     cfg = settings(ctx)
     if queue is not None:
         check_name(queue, "--queue")
@@ -102,9 +103,21 @@ def get_actions(
     async def go(client: Client) -> list[ActionRow]:
         from headway.workflows import client as hw
 
-        return await hw.list_actions(
+        from .queues import fetch_snapshot_or_none
+
+        rows = await hw.list_actions(
             client, cfg.tenant, queue=queue, state=state, run=run, limit=limit or None
         )
+        if any(r.state in ("submitting", "waiting") for r in rows):
+            # Visibility says only "Waiting" until an admission: the reason of each
+            # waiting action comes from the scheduler's state (one query for them all).
+            live = await fetch_snapshot_or_none(client, cfg.tenant)
+            actions = live[0].actions if live is not None else {}
+            for r in rows:
+                a = actions.get(r.action_id)
+                if r.state in ("submitting", "waiting") and a is not None and a.state == "waiting":
+                    r.state, r.reason = "waiting", a.last or r.reason
+        return rows
 
     rows = with_client(cfg, go)
     if emit_structured([asdict(r) for r in rows], output):

@@ -385,6 +385,27 @@ def test_get_actions_passes_the_filters_and_prints_every_format(
     assert yaml.safe_load(run("get", "actions", "-o", "yaml").output) == data
 
 
+def test_get_actions_gives_a_waiting_action_the_schedulers_reason(
+    fake: Fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first_task = hw.ActionRow(
+        "a1", "default", "train", "r1", "submitting", None, None, "w1", "running"
+    )
+    listed = hw.ActionRow(
+        "a2", "default", "train", "r1", "waiting", "Waiting", None, "w2", "running"
+    )
+
+    async def list_actions(client: Any, tenant: str, **kw: Any) -> list[hw.ActionRow]:
+        return [listed, first_task]
+
+    monkeypatch.setattr(hw, "list_actions", list_actions)
+    rows = json.loads(run("get", "actions", "-o", "json").output)
+    assert [(r["action_id"], r["state"], r["reason"]) for r in rows] == [
+        ("a2", "waiting", "ActionConcurrency"),
+        ("a1", "waiting", "ActionConcurrency"),
+    ]
+
+
 def test_get_actions_rejects_bad_filters_before_connecting() -> None:
     for args, named in (
         (["--state", "paused"], "'paused' is not one of"),
