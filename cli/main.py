@@ -31,6 +31,8 @@ Exit codes:
   1  an error: server unreachable, resource missing, request refused,
      action not found or not ended in time (one line on stderr says which)
   2  a usage error: a bad flag or value (named, with the value)
+  3  submit: refused by policy (unknown queue, draining, at its depth)
+  4  submit: rate limited (retry after the time it says)
 \b
 Reads take -o table|wide|json|yaml (--json is -o json); quantities are in
 Kubernetes units (500m, 64Gi). Completion: headway completion bash|zsh|fish."""
