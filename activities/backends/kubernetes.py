@@ -380,6 +380,25 @@ def _key(obj: dict[str, Any]) -> tuple[str, str]:
     return meta.get("namespace") or "", meta.get("name") or ""
 
 
+def _socket_of(resp: Any) -> socket.socket | None:
+    """The socket a streaming response reads from.
+
+    Usually its connection's; but when the server said it will close the connection,
+    http.client hands the socket over to the response and the connection forgets it
+    (``sock`` is None), so it is found under the response's file object instead.
+    """
+    if resp is None:
+        return None
+    conn = getattr(resp, "connection", None) or getattr(resp, "_connection", None)
+    sock = getattr(conn, "sock", None)
+    if isinstance(sock, socket.socket):
+        return sock
+    fp = getattr(getattr(resp, "_fp", None), "fp", None)  # http.client.HTTPResponse.fp
+    raw = getattr(fp, "raw", None)  # socket.SocketIO
+    sock = getattr(raw, "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
 # --- informers --------------------------------------------------------------------------
 
 
@@ -419,9 +438,7 @@ class Informer:
         shutting the socket down makes the blocked read return at once instead.
         """
         self._stop.set()
-        resp = self._response
-        conn = getattr(resp, "connection", None) or getattr(resp, "_connection", None)
-        sock = getattr(conn, "sock", None)
+        sock = _socket_of(self._response)
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)

@@ -240,7 +240,10 @@ class FakeKube(kmock.KubernetesEmulator):
         assert request.resource is not None
         plural = request.resource.plural or ""
         self.watches_served += 1
-        yield b""
+        # A blank line, not b"": aiohttp holds the headers back until the first body
+        # bytes, and a client still waiting for them cannot be interrupted the way a
+        # real API server's watch (headers at once) can. Watch readers skip blank lines.
+        yield b"\n"
         since = int(request.params.get("resourceVersion") or self.rv)
         if since < self.compacted:
             yield {

@@ -287,7 +287,9 @@ async def test_kubernetes_logs_created_bound_ended_and_what_vanished_while_down(
         await first.close()
     # While no worker runs, the node goes and takes the running pod with it.
     await kube.lose_node("n1")
-    second = await started_kube(k8s.ApiClient(api_client.configuration), "inc-B", path)
+    cfg = k8s.Configuration()
+    cfg.host = str(kube.url).rstrip("/")
+    second = await started_kube(k8s.ApiClient(cfg), "inc-B", path)
     try:
         async with asyncio.timeout(5):
             while len(events(path, "lost")) < 3:
