@@ -1,0 +1,148 @@
+"""The fault run, smaller, on the Kubernetes backend (issue #20): the real dev server,
+the control-plane worker and a ``--backend kubernetes`` cluster worker as separate
+processes, against the project's fake API server served from this process, whose
+kubelet the test plays. Besides killing the control plane and the server, the cluster
+worker is killed twice, and the second time a node and its pods disappear while it is
+down: the restarted worker must report those actions lost (NodeLost or PodLost), never
+create their pods again, and finish everything else.
+
+``HEADWAY_FAULT_SEED=N`` replays a run; the seed is printed either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from pathlib import Path
+
+import kmock
+import pytest
+
+from .audit import Finding
+from .kube import (
+    CLUSTER,
+    KUBE_FLEET_YAML,
+    NAMESPACE,
+    NODES,
+    FaultKube,
+    Kubelet,
+    kube_plan,
+    kubeconfig,
+)
+from .run import RunConfig, RunResult, choose_seed, fault_run
+from .workload import Fault, Planned
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration]
+
+#: How an action whose running pods went with their node may end: reported lost.
+LOST = frozenset({"NodeLost", "PodLost"})
+
+
+def _victim_findings(result: RunResult, victims: dict[str, str]) -> list[Finding]:
+    """Each action that lost running pods with the node ended attributed (or ran again
+    under a new dispatch); every other action succeeded."""
+    out = []
+    for p in result.planned:
+        h = result.histories.get(p.action_id)
+        if h is None or h.state is None:
+            continue  # lost or unended: the audit reports it
+        if p.action_id in victims:
+            retried = h.state == "succeeded" and len(h.dispatches) > 1
+            if not retried and not (h.state == "failed" and h.reason in LOST):
+                out.append(
+                    Finding(
+                        "node-loss-unattributed",
+                        p.action_id,
+                        f"its pods went with node {victims[p.action_id]}; it ended {h.state}"
+                        f" ({h.reason}) after {len(h.dispatches)} dispatch(es)",
+                    )
+                )
+        elif h.state != "succeeded":
+            out.append(Finding("not-succeeded", p.action_id, f"ended {h.state}: {h.reason}"))
+    return out
+
+
+@pytest.mark.timeout(420)
+async def test_kubernetes_worker_restart_while_a_node_and_its_pods_disappear(
+    tmp_path: Path,
+) -> None:
+    seed = choose_seed()
+    async with FaultKube() as kube, kmock.Server(kube):
+        kubelet = Kubelet(kube, durations={})
+        for i in range(NODES):
+            await kubelet.add_node(f"k-{i}")
+        config = kubeconfig(tmp_path / "kubeconfig", str(kube.url))
+        lost: list[str] = []
+        returns: list[asyncio.Task[None]] = []
+
+        def plan(rng: random.Random, clusters: list[str]) -> tuple[list[Planned], list[Fault]]:
+            planned, faults = kube_plan(rng, clusters)
+            kubelet.durations.update({p.action_id: p.duration_s for p in planned})
+            return planned, faults
+
+        async def come_back(node: str, after_s: float) -> None:
+            # A replacement node under the same name, empty, once the worker is back.
+            await asyncio.sleep(after_s)
+            await kubelet.add_node(node)
+
+        async def while_down(f: Fault) -> None:
+            if f.kind != "lose-node":
+                return
+            node = None
+            for _ in range(100):  # the node that runs something, as soon as one does
+                node = await kubelet.lose_node()
+                if node is not None:
+                    break
+                await asyncio.sleep(0.1)
+            if node is not None:
+                lost.append(node)
+                returns.append(asyncio.create_task(come_back(node, f.down_s + 8.0)))
+
+        stop = asyncio.Event()
+        playing = asyncio.create_task(kubelet.run(stop))
+        try:
+            result = await fault_run(
+                RunConfig(
+                    seed=seed,
+                    submit_s=15.0,
+                    recovery_deadline_s=180.0,
+                    fleet_yaml=KUBE_FLEET_YAML,
+                    backend_args=lambda _name, _dir: [
+                        "--backend",
+                        "kubernetes",
+                        "--kubeconfig",
+                        str(config),
+                        "--pod-namespace",
+                        NAMESPACE,
+                    ],
+                    plan=plan,
+                    while_down=while_down,
+                    expect_success=False,
+                ),
+                tmp_path,
+            )
+            leftover = sorted(
+                p["metadata"]["name"]
+                for p in kube.live("pods")
+                if (p.get("metadata") or {}).get("namespace") == NAMESPACE
+            )
+        finally:
+            stop.set()
+            await playing
+            for task in returns:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            kube.drop_watches()
+    findings = list(result.findings) + _victim_findings(result, kubelet.victims)
+    if leftover:
+        findings.append(Finding("pods-left", CLUSTER, f"pods left after the run: {leftover}"))
+    head = f"kube fault run, seed {seed} (replay: HEADWAY_FAULT_SEED={seed}); {result.summary()}"
+    print(f"{head}; node lost: {lost}, its actions: {sorted(kubelet.victims)}")
+    print("\n".join(kubelet.log))
+    assert not kubelet.errors, f"{head}: the fake kubelet failed: {kubelet.errors[:5]}"
+    assert lost, f"{head}: no node was running anything when it was to be lost"
+    assert kubelet.victims, f"{head}: the lost node ran no Headway pod"
+    assert findings == [], head + "\n" + "\n".join(str(f) for f in findings[:40])
+    assert result.report.ended_once == len(result.planned)
