@@ -78,6 +78,10 @@ SA = {name: SearchAttributeKey.for_keyword(name) for name in protocol.SEARCH_ATT
 
 #: How long the first task's local activity waits for the admission in-process.
 ADMIT_WAIT_S = 2.0
+#: The same when the submitter waits for the answer (the ``submitted`` update): the
+#: answer goes out only when the first task completes, so the wait is kept short. An
+#: admission with room free comes within it (nudge, sync, pass, dispatch: tens of ms).
+ANSWER_WAIT_S = 0.25
 
 #: Update on the action workflow: the submission's answer (``SubmitAnswer``), given as
 #: soon as the door decided; the client sends it with the start (update-with-start).
@@ -188,8 +192,10 @@ class ActionWorkflow:
         self._lean = False
         # Revision 2+: the first publish also sets queue, tenant and run (none at start).
         self._first_publish = False
-        # The submission's answer (the ``submitted`` update), once the door decided.
+        # The submission's answer (the ``submitted`` update), once the door decided, and
+        # whether a submitter waits for it (its handler runs before ``run`` starts).
         self._answer: SubmitAnswer | None = None
+        self._answer_wanted = False
 
     # --- handlers -----------------------------------------------------------------
 
@@ -218,6 +224,7 @@ class ActionWorkflow:
     @workflow.update(name=SUBMITTED_UPDATE)
     async def submitted(self) -> SubmitAnswer:
         """The submission's answer, as soon as the door decided (accepted or rejected)."""
+        self._answer_wanted = True
         st = self._status
         await workflow.wait_condition(lambda: self._answer is not None or st.ended_at is not None)
         if self._answer is not None:
@@ -301,7 +308,7 @@ class ActionWorkflow:
             if rev >= 1 or workflow.patched("admit-in-first-task"):
                 # Write the lease and wait briefly for the admission in-process: when it
                 # comes, the cluster activity is scheduled in this same workflow task.
-                lease.wait_s = ADMIT_WAIT_S
+                lease.wait_s = ANSWER_WAIT_S if self._answer_wanted else ADMIT_WAIT_S
                 out: PutLeaseOutput = await workflow.execute_local_activity(
                     PUT_LEASE_WAIT_ACTIVITY,
                     lease,

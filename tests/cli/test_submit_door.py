@@ -122,7 +122,7 @@ def test_draining_queue_exits_3(stack: Stack, tenant: str) -> None:
     assert "headway resume queue closing" in res.stderr
     # Reopened: the same id goes in (a rejected id may be submitted again).
     ok(hw(stack, tenant, "resume", "queue", "closing"))
-    res = ok(submit(stack, tenant, "--id", "d1", "--queue", "closing"))
+    res = ok(submit(stack, tenant, "--id", "d1", "--queue", "closing", "--duration", "0"))
     assert "submitted d1 to queue 'closing'" in res.stdout
 
 
@@ -137,6 +137,26 @@ def test_depth_rejects_exactly_the_excess_of_a_batch(stack: Stack, tenant: str) 
     assert "queue 'q' holds 20 actions (waiting + running); its depth is 20" in res.stderr
     assert "5 of 25 submissions rejected (above)" in res.stderr
     assert "headway update queue q --depth N" in res.stderr
+    # Let the queue run dry, so that nothing of this tenant outlives the test.
+    ok(hw(stack, tenant, "update", "queue", "q", "--action-concurrency", "unlimited"))
+    asyncio.run(idle(stack, tenant, "q"))
+
+
+async def idle(stack: Stack, tenant: str, queue: str, timeout_s: float = 60.0) -> None:
+    """Wait until ``queue`` holds nothing (every action of the test has ended)."""
+    from headway import protocol
+    from headway.workflows import client as hwc
+    from temporalio.client import Client
+
+    client = await Client.connect(stack.address, data_converter=protocol.data_converter())
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while True:
+        q = (await hwc.get_queues(client, tenant))[queue]
+        if (q["waiting"], q["running"]) == (0, 0):
+            return
+        assert loop.time() < end, q
+        await asyncio.sleep(0.2)
 
 
 def test_rate_limited_exits_4_with_when_to_retry(stack: Stack, tenant: str) -> None:

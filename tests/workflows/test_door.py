@@ -32,6 +32,7 @@ from headway.workflows import client as hw
 from temporalio.client import WorkflowExecutionStatus
 
 from .conftest import Plane
+from .test_lifecycle import _queue_idle, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -118,6 +119,10 @@ async def test_depth_counts_the_whole_backlog_each_answered_at_submit(
         )
     assert plane.store.held_count(tenant, "deep") == DEPTH
     assert await left_behind(plane, tenant, rejected[:20]) == []
+    # Let the queue run dry, so that nothing of this tenant outlives the test.
+    await hw.update_queue(plane.client, tenant, "deep", {"action_concurrency": None})
+    await eventually(lambda: plane.store.held_count(tenant, "deep") == 0, timeout=120)
+    await eventually(lambda: _queue_idle(plane.client, tenant, "deep"))
 
 
 async def test_a_steady_stream_under_the_rate_is_never_rejected_and_a_burst_is_cut(
@@ -158,6 +163,7 @@ async def test_a_steady_stream_under_the_rate_is_never_rejected_and_a_burst_is_c
     # each is at its submission's own time (its workflow's first task), not at a sync.
     times = [(await hw.action_state(plane.client, tenant, f"b{i}")).submitted_at for i in range(30)]
     span = max(times) - min(times)
+    print(f"the burst's decisions spanned {span:.2f} s")
     assert 10 <= accepted <= 10 + int(10 * span) + 1, (accepted, span)
     assert rejected
     for action_id in rejected:
@@ -169,6 +175,12 @@ async def test_a_steady_stream_under_the_rate_is_never_rejected_and_a_burst_is_c
     await asyncio.sleep(1.0)
     again = await sdk.submit(TASK, queue="default", id=rejected[0])
     assert again.created and again.state in ("waiting", "running")
+    # Everything taken in runs to its end.
+    taken = [a for a, e in {**steady, **burst}.items() if e is None] + [rejected[0]]
+    for action_id in taken:
+        h = plane.client.get_workflow_handle(protocol.action_workflow_id(tenant, action_id))
+        assert (await hw.wait_result(h, action_id=action_id)).state == "succeeded"
+    await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
 
 
 async def test_unknown_and_draining_queues_are_rejected_at_submit(
@@ -212,3 +224,4 @@ async def test_an_accepted_submission_is_answered_and_resubmitting_it_is_idempot
     assert not again.created and again.handle.id == sub.handle.id
     res = await hw.wait_result(sub.handle)
     assert res.state == "succeeded"
+    await eventually(lambda: _queue_idle(plane.client, tenant, "default"))

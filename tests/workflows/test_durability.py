@@ -123,9 +123,11 @@ async def test_control_plane_worker_killed_while_a_backlog_refills_in_bites(
         plane.client, tenant, {"name": "default", "action_concurrency": 6}, plane.fleet
     )
     n = 30
-    handles = [
-        await hw.submit(plane.client, req(tenant, f"r{i}", duration_s=0.2)) for i in range(n)
-    ]
+    # All at once: each submit answers only once its door decided (update-with-start), so
+    # one after another they would drain as fast as they come, leaving no backlog.
+    handles = await asyncio.gather(
+        *(hw.submit(plane.client, req(tenant, f"r{i}", duration_s=0.2)) for i in range(n))
+    )
     await eventually(lambda: len(plane.cluster.finished) >= 6)
     await plane.stop_control()
     await asyncio.sleep(1.0)
