@@ -147,6 +147,9 @@ class ActionEventKind(StrEnum):
     OOM_KILLED = "OOMKilled"
     PREEMPTED = "Preempted"  # evicted or DisruptionTarget
     NODE_LOST = "NodeLost"
+    #: A pod an earlier attempt created is gone (deleted while no worker watched): the
+    #: work is reported lost, never created again (exactly once on the cluster).
+    POD_LOST = "PodLost"
     IMAGE_PULL_FAILED = "ImagePullFailed"
     UNSCHEDULABLE = "Unschedulable"
 
@@ -159,6 +162,7 @@ TERMINAL_EVENTS = frozenset(
         ActionEventKind.OOM_KILLED,
         ActionEventKind.PREEMPTED,
         ActionEventKind.NODE_LOST,
+        ActionEventKind.POD_LOST,
         ActionEventKind.IMAGE_PULL_FAILED,
     }
 )

@@ -71,14 +71,9 @@ log = logging.getLogger(__name__)
 Signaler = Callable[[str, ActionEvent], Awaitable[None]]
 
 #: The kind reported for a pod an earlier attempt created that is gone, its node still
-#: there. ``protocol.ActionEventKind`` has no ``PodLost`` yet; until it has one (and
-#: lists it in ``TERMINAL_EVENTS``) the closest terminal kind stands in: ``NodeLost``,
-#: an infrastructure loss the queue's retry policy treats as such, never a failure of
-#: the user's code. The event's message starts with "PodLost:" either way.
-POD_LOST: ActionEventKind = next(
-    (k for k in ActionEventKind if k.value == "PodLost" and k in TERMINAL_EVENTS),
-    ActionEventKind.NODE_LOST,
-)
+#: there: an infrastructure loss, never a failure of the user's code, and never a second
+#: creation. The event's message starts with "PodLost:".
+POD_LOST = ActionEventKind.POD_LOST
 
 
 def dispatch_key(info: activity.Info) -> str:

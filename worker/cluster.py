@@ -275,6 +275,10 @@ async def run_cluster_worker(
             # its backlog needs, not five.
             activity_task_poller_behavior=PollerBehaviorAutoscaling(),
             graceful_shutdown_timeout=timedelta(seconds=0),
+            # A cancel reaches a running action with its next heartbeat; by default the
+            # SDK holds heartbeats back to 80% of the 30 s timeout (a cancel took ~24 s).
+            # One heartbeat call per running action every 3 s is cheap beside that.
+            max_heartbeat_throttle_interval=timedelta(seconds=3),
         )
         worker_task = asyncio.create_task(worker.run())
         reporter = asyncio.create_task(

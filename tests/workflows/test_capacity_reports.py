@@ -122,7 +122,7 @@ async def test_a_cluster_whose_worker_goes_silent_takes_no_work_until_it_reports
     await eventually(lambda: "runs-on" in plane.cluster.running)
 
     async def down() -> bool:
-        return (await _view(plane, tenant))["down"] == ["c1"]
+        return bool((await _view(plane, tenant))["down"] == ["c1"])
 
     await eventually(down)
     late = await hw.submit(plane.client, req(tenant, "late"))
@@ -139,4 +139,4 @@ async def test_a_cluster_whose_worker_goes_silent_takes_no_work_until_it_reports
 
 
 async def _waiting_for(plane: Plane, tenant: str, action_id: str) -> bool:
-    return (await hw.why(plane.client, tenant, action_id)).get("state") == "waiting"
+    return bool((await hw.why(plane.client, tenant, action_id)).get("state") == "waiting")
