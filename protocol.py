@@ -258,6 +258,8 @@ UPSERT_QUEUE_UPDATE = "upsert_queue"
 UPDATE_QUEUE_UPDATE = "update_queue"
 #: Update on the scheduler workflow: an OrgLimits.to_dict() dict.
 SET_ORG_UPDATE = "set_org"
+#: Update on the scheduler workflow: {"name": ...}; removes an empty queue.
+REMOVE_QUEUE_UPDATE = "remove_queue"
 
 
 @dataclass

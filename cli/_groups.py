@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-__all__ = ["create", "describe", "drain", "get", "resume", "update"]
+__all__ = ["create", "delete", "describe", "drain", "get", "resume", "update"]
 
 
 @click.group()
@@ -26,6 +26,11 @@ def get() -> None:
 @click.group()
 def describe() -> None:
     """Show one resource in detail (queue, action, cluster)."""
+
+
+@click.group()
+def delete() -> None:
+    """Remove a resource (queue) that holds no work."""
 
 
 @click.group()

@@ -12,7 +12,7 @@ from headway import __version__, protocol
 # clusters and queues add their commands to the verb groups when imported.
 from . import clusters, queues  # noqa: F401
 from ._common import ADDRESS_ENV, DEFAULT_ADDRESS, Settings, check_name
-from ._groups import create, describe, drain, get, resume, update
+from ._groups import create, delete, describe, drain, get, resume, update
 from .actions import cancel
 from .completion import completion
 from .insight import forecast, what_if
@@ -85,6 +85,7 @@ for command in (
     describe,
     drain,
     resume,
+    delete,
     cancel,
     submit,
     why,

@@ -26,7 +26,7 @@ from headway.scheduler.model import (
 )
 
 from ._common import Settings, check_name, no_tenant, settings, with_client
-from ._groups import create, describe, drain, get, resume, update
+from ._groups import create, delete, describe, drain, get, resume, update
 from ._output import (
     Block,
     duration,
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from headway.scheduler import Scheduler
     from temporalio.client import Client
 
-__all__ = ["create", "describe", "drain", "fetch_queues", "get", "resume", "update"]
+__all__ = ["create", "delete", "describe", "drain", "fetch_queues", "get", "resume", "update"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -640,6 +640,31 @@ def resume_queue(ctx: click.Context, name: str) -> None:
         click.echo(f"queue {name!r} is already active")
     else:
         click.echo(f"queue {name!r} active (was {before})")
+
+
+@delete.command("queue")
+@click.argument("name", shell_complete=complete_queues)
+@click.pass_context
+def delete_queue(ctx: click.Context, name: str) -> None:
+    """Delete the queue NAME. Refused while it holds work (waiting, running, or still in
+    the store): drain it first (`headway drain queue NAME`) and let it empty."""
+    cfg = settings(ctx)
+    check_name(name, "NAME")
+
+    async def go(client: Client) -> None:
+        from headway.workflows import client as hw
+        from temporalio.client import WorkflowUpdateFailedError
+
+        if name not in await fetch_queues(client, cfg.tenant):
+            raise click.ClickException(f"queue {name!r} does not exist (see `headway get queues`)")
+        try:
+            await hw.remove_queue(client, cfg.tenant, name)
+        except WorkflowUpdateFailedError as err:
+            cause = str(err.cause) if err.cause is not None else str(err)
+            raise click.ClickException(cause) from None
+
+    with_client(cfg, go)
+    click.echo(f"queue {name!r} deleted")
 
 
 # --- org ----------------------------------------------------------------------------------

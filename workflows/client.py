@@ -377,6 +377,11 @@ async def update_queue(
     )
 
 
+async def remove_queue(client: Client, tenant: str, name: str) -> dict[str, Any]:
+    """Remove an empty queue; refused (WorkflowUpdateFailedError) while it holds work."""
+    return await _update(client, tenant, protocol.REMOVE_QUEUE_UPDATE, {"name": name})
+
+
 async def set_org(client: Client, tenant: str, org: dict[str, Any]) -> dict[str, Any]:
     """Replace the tenant's org limits (``OrgLimits.to_dict()`` notation)."""
     return await _update(client, tenant, protocol.SET_ORG_UPDATE, org)

@@ -328,6 +328,33 @@ class SchedulerWorkflow:
         if changes is not None and not isinstance(changes, dict):
             raise ValueError(f"changes: {changes!r} is not a mapping")
 
+    @workflow.update(name=protocol.REMOVE_QUEUE_UPDATE)
+    async def remove_queue(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Remove an empty queue (``{"name"}``): nothing waiting, running or in the store."""
+        name = req["name"]
+        _apply(lambda: self._core.remove_queue(name))
+        self._more.discard(name)
+        self._nudged.discard(f"q:{name}")
+        self._changed = True
+        await self._push_door()
+        return {"name": name, "removed": True}
+
+    @remove_queue.validator
+    def _validate_remove(self, req: dict[str, Any]) -> None:
+        if not isinstance(req, dict) or not isinstance(req.get("name"), str):
+            raise ValueError(f"request: {req!r} is not {{'name': QUEUE}}")
+        name = req["name"]
+        q = self._core.queues.get(name)
+        if q is None:
+            raise ValueError(f"queue: {name!r} does not exist")
+        held = len(q.waiting) + q.running
+        if held or name in self._more:
+            more = " and more in the store" if name in self._more else ""
+            raise ValueError(
+                f"queue: {name!r} still holds {held} action(s){more}; "
+                f"drain it (`headway drain queue {name}`) and wait until it is empty"
+            )
+
     @workflow.update(name=protocol.SET_ORG_UPDATE)
     async def set_org(self, org: dict[str, Any]) -> dict[str, Any]:
         """Replace the tenant's org-wide limits."""

@@ -343,3 +343,27 @@ def test_drain_and_resume_a_queue(stack: Stack) -> None:
     assert any(
         ln.split()[:4] == ["drainable", "medium", "backfill", "active"] for ln in out.splitlines()
     )
+
+
+def test_delete_a_queue_only_once_it_holds_nothing(stack: Stack) -> None:
+    code, out = hw(stack, "create", "queue", "doomed", "--action-concurrency", "0")
+    assert code == 0, out
+    code, out = hw(stack, "submit", "--queue", "doomed", "--cpu", "1", "--id", "v-doomed-1")
+    assert code == 0, out
+    eventually(
+        lambda: True if hw_json(stack, "get", "queue", "doomed")["waiting"] == 1 else None,
+        "the action waiting in the queue",
+    )
+    code, out = hw(stack, "delete", "queue", "doomed")
+    assert code == 1, out
+    assert "still holds 1 action(s)" in out and "drain queue doomed" in out, out
+    assert "Traceback" not in out
+    code, out = hw(stack, "cancel", "v-doomed-1")
+    assert code == 0, out
+    code, out = hw(stack, "delete", "queue", "doomed")
+    assert (code, out.strip()) == (0, "queue 'doomed' deleted")
+    code, out = hw(stack, "delete", "queue", "doomed")
+    assert code == 1 and "does not exist" in out, out
+    # The door knows too: a submission to the deleted queue is refused at once.
+    code, out = hw(stack, "submit", "--queue", "doomed", "--cpu", "1", "--id", "v-doomed-2")
+    assert code == 3 and "UnknownQueue" in out, out
