@@ -23,6 +23,7 @@ from .audit import Dispatch, History, PodLine, parse_pod_log
 __all__ = [
     "read_histories",
     "read_pod_logs",
+    "replay_failures",
     "retrying",
     "scheduler_view",
     "store_leases",
@@ -200,3 +201,41 @@ def store_rows(db: Path, tenant: str) -> list[tuple[str, str | None]]:
             "SELECT action_id, done FROM headway_leases WHERE tenant = ? ORDER BY id", (tenant,)
         ).fetchall()
     return [(str(a), d) for a, d in rows]
+
+
+async def replay_failures(
+    client: Client, action_ids: Sequence[str], tenant: str, *, actions: int = 20
+) -> list[tuple[str, str]]:
+    """Replay the recorded histories with the code: every scheduler run and the first
+    ``actions`` action workflows. Returns (workflow id/run id, failure) for each history
+    whose replay does not take its recorded path.
+
+    A history that does not replay wedges its workflow the moment a worker has to rebuild
+    it (a restart, a cache eviction): every task fails for good. The check does not need
+    a fault to have hit it, so it finds the defect in runs where luck spared the shard.
+    """
+    from headway.workflows.action import ActionWorkflow
+    from headway.workflows.scheduler import SchedulerWorkflow
+    from temporalio.worker import Replayer
+
+    replayer = Replayer(
+        workflows=[ActionWorkflow, SchedulerWorkflow], data_converter=protocol.data_converter()
+    )
+    targets: list[tuple[str, str | None]] = []
+
+    async def listing() -> None:
+        targets.clear()
+        query = f"WorkflowType='{protocol.SCHEDULER_WORKFLOW}'"
+        async for wf in client.list_workflows(query):
+            targets.append((wf.id, wf.run_id))
+
+    await retrying(listing)
+    targets += [(protocol.action_workflow_id(tenant, a), None) for a in action_ids[:actions]]
+    out = []
+    for wid, run_id in targets:
+        handle = client.get_workflow_handle(wid, run_id=run_id)
+        history = await retrying(handle.fetch_history)
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        if result.replay_failure is not None:
+            out.append((f"{wid}/{run_id or 'latest'}", str(result.replay_failure)[:500]))
+    return out

@@ -1,5 +1,5 @@
-"""One fault run on the simulated backend: the real Temporal dev server, the control-plane
-worker and one cluster worker per fleet cluster, each a separate process; a workload
+"""One fault run: the real Temporal dev server, the control-plane worker and one cluster
+worker per fleet cluster (simulated by default), each a separate process; a workload
 submitted while seeded ``kill -9`` faults hit them; then the audit.
 
 The harness only submits, kills, restarts and reads records; it never repairs anything.
@@ -37,6 +37,7 @@ from .procs import Supervisor, freeze_code, headway_argv, server_command, start_
 from .records import (
     read_histories,
     read_pod_logs,
+    replay_failures,
     retrying,
     scheduler_view,
     store_leases,
@@ -69,9 +70,9 @@ class RunConfig:
     submit_s: float = 30.0
     fault_window_s: float = 70.0
     #: Liveness bound: every action must have ended this long after the last fault.
-    recovery_deadline_s: float = 240.0
+    recovery_deadline_s: float = 180.0
     #: After the last action ended, the scheduler and the store must be back to zero.
-    settle_deadline_s: float = 60.0
+    settle_deadline_s: float = 45.0
     tenant: str = "default"
     submitters: int = 4
     #: The fleet (clusters and the queues' caps) of the run.
@@ -85,6 +86,9 @@ class RunConfig:
     while_down: Callable[[Fault], Awaitable[None]] | None = None
     #: Whether every action should succeed (nothing in the run should fail one).
     expect_success: bool = True
+    #: The run's own checks beyond the audit (e.g. which actions a lost node may fail),
+    #: given the result before it is summarized.
+    judge: Callable[[RunResult], list[Finding]] | None = None
 
 
 @dataclass
@@ -595,6 +599,9 @@ async def fault_run(cfg: RunConfig, data_dir: Path) -> RunResult:
             if name != "temporal-server":
                 await asyncio.to_thread(run.sup.stop, name)
         histories = await read_histories(client, cfg.tenant, [p.action_id for p in planned])
+        ids = [p.action_id for p in planned]
+        for wid, failure in await replay_failures(client, ids, cfg.tenant):
+            run.extra.append(Finding("replay-nondeterminism", wid, failure))
     finally:
         stop.set()
         await asyncio.to_thread(run.sup.stop_all)
@@ -632,6 +639,9 @@ async def fault_run(cfg: RunConfig, data_dir: Path) -> RunResult:
         histories=histories,
         pod_lines=pod_lines,
     )
+    result.extra += _nondeterminism(run.sup)
+    if cfg.judge is not None:
+        result.extra += cfg.judge(result)
     (data_dir / "report.json").write_text(
         json.dumps(
             {
@@ -661,6 +671,34 @@ async def fault_run(cfg: RunConfig, data_dir: Path) -> RunResult:
     summaries.append(result.summary())
     print(result.summary(), file=sys.stderr, flush=True)
     return result
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _nondeterminism(sup: Supervisor) -> list[Finding]:
+    """A workflow whose replay does not take its recorded path is wedged for good (every
+    task fails the same way): one finding per process log that says so, with the run id
+    and the first message."""
+    out = []
+    for proc in sup.procs.values():
+        try:
+            text = proc.log.read_text(errors="replace")
+        except OSError:
+            continue
+        hits = [_ANSI.sub("", x) for x in text.splitlines() if "Nondeterminism" in x]
+        if hits:
+            runs = sorted(set(re.findall(r"run_id=(\S+)", "\n".join(hits))))
+            first = re.search(r"message: \"([^\"]*)", hits[0])
+            out.append(
+                Finding(
+                    "nondeterminism",
+                    proc.name,
+                    f"{len(hits)} failed workflow task(s) of run(s) {runs}:"
+                    f" {first.group(1) if first else hits[0][:300]} (log {proc.log})",
+                )
+            )
+    return out
 
 
 async def _closed(client: Client, tenant: str, action_id: str) -> bool:

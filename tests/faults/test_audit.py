@@ -7,12 +7,15 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from pathlib import Path
 
 import pytest
 from headway.scheduler.model import QueueSpec
 from headway.scheduler.resources import Quota
 
 from .audit import Dispatch, History, PodLine, Report, audit, parse_pod_log
+from .procs import Supervisor
+from .run import _nondeterminism
 from .workload import GI, Planned, PodRes, make_workload, plan_faults
 
 pytestmark = pytest.mark.faults
@@ -244,3 +247,16 @@ def test_a_pod_seen_without_any_created_line_is_a_gap_in_the_log() -> None:
     report = run_audit(plans, hists, lines)
     assert any("without a created line" in f.detail for f in report.findings)
     assert report.pods_created == 1  # still counted against its queue and node
+
+
+def test_a_nondeterministic_replay_in_a_worker_log_is_a_finding(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path)
+    sup.add("control-plane", ["true"])
+    (tmp_path / "logs" / "control-plane.log").write_text(
+        "ok\n\x1b[33m WARN\x1b[0m Failing workflow task \x1b[3mrun_id\x1b[0m=r-1 failure=Failure"
+        ' { failure: Some(Failure { message: "[TMPRL1100] Nondeterminism error: marker x"'
+        " }) }\n"
+    )
+    found = _nondeterminism(sup)
+    assert [f.kind for f in found] == ["nondeterminism"]
+    assert "r-1" in found[0].detail and "Nondeterminism error: marker x" in found[0].detail

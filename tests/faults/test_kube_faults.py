@@ -39,6 +39,17 @@ pytestmark = [pytest.mark.faults, pytest.mark.integration]
 LOST = frozenset({"NodeLost", "PodLost"})
 
 
+def _leftover(kube: FaultKube) -> list[Finding]:
+    """Headway's pods still on the cluster once every action ended (cleanup, and the
+    restarted worker's sweep of ended actions' pods, must leave none)."""
+    left = sorted(
+        p["metadata"]["name"]
+        for p in kube.live("pods")
+        if (p.get("metadata") or {}).get("namespace") == NAMESPACE
+    )
+    return [Finding("pods-left", CLUSTER, f"pods left after the run: {left}")] if left else []
+
+
 def _victim_findings(result: RunResult, victims: dict[str, str]) -> list[Finding]:
     """Each action that lost running pods with the node ended attributed (or ran again
     under a new dispatch); every other action succeeded."""
@@ -106,7 +117,7 @@ async def test_kubernetes_worker_restart_while_a_node_and_its_pods_disappear(
                 RunConfig(
                     seed=seed,
                     submit_s=15.0,
-                    recovery_deadline_s=180.0,
+                    recovery_deadline_s=120.0,
                     fleet_yaml=KUBE_FLEET_YAML,
                     backend_args=lambda _name, _dir: [
                         "--backend",
@@ -119,13 +130,9 @@ async def test_kubernetes_worker_restart_while_a_node_and_its_pods_disappear(
                     plan=plan,
                     while_down=while_down,
                     expect_success=False,
+                    judge=lambda r: _victim_findings(r, kubelet.victims) + _leftover(kube),
                 ),
                 tmp_path,
-            )
-            leftover = sorted(
-                p["metadata"]["name"]
-                for p in kube.live("pods")
-                if (p.get("metadata") or {}).get("namespace") == NAMESPACE
             )
         finally:
             stop.set()
@@ -135,12 +142,10 @@ async def test_kubernetes_worker_restart_while_a_node_and_its_pods_disappear(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             kube.drop_watches()
-    findings = list(result.findings) + _victim_findings(result, kubelet.victims)
-    if leftover:
-        findings.append(Finding("pods-left", CLUSTER, f"pods left after the run: {leftover}"))
+    findings = result.findings
+    (tmp_path / "kubelet.log").write_text("\n".join(kubelet.log + kubelet.errors) + "\n")
     head = f"kube fault run, seed {seed} (replay: HEADWAY_FAULT_SEED={seed}); {result.summary()}"
     print(f"{head}; node lost: {lost}, its actions: {sorted(kubelet.victims)}")
-    print("\n".join(kubelet.log))
     assert not kubelet.errors, f"{head}: the fake kubelet failed: {kubelet.errors[:5]}"
     assert lost, f"{head}: no node was running anything when it was to be lost"
     assert kubelet.victims, f"{head}: the lost node ran no Headway pod"
