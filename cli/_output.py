@@ -242,3 +242,14 @@ def iso(ts: float | None) -> str:
     if ts is None or ts <= 0:
         return "-"
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def runtime_option(f: F) -> F:
+    """``--default-runtime``: what the forecasts assume for work with no estimate."""
+    return click.option(
+        "--default-runtime",
+        type=click.FloatRange(min=0.0),
+        default=3600.0,
+        show_default=True,
+        help="Seconds assumed for work that declares no estimate and has no history.",
+    )(f)

@@ -29,6 +29,7 @@ from ._output import (
     iso,
     output_option,
     render_table,
+    runtime_option,
 )
 from .completion import complete_actions, complete_in_flight, complete_queues
 
@@ -411,13 +412,7 @@ def _when(ts: float | None) -> str:
     show_default=True,
     help="Latest events shown (0: all).",
 )
-@click.option(
-    "--default-runtime",
-    type=click.FloatRange(min=0.0),
-    default=3600.0,
-    show_default=True,
-    help="Seconds assumed for work with no estimate, for the start forecast.",
-)
+@runtime_option
 @output_option
 @click.pass_context
 def describe_action(

@@ -17,7 +17,7 @@ from headway.scheduler.insight import what_if as run_what_if
 from headway.scheduler.model import QueueSpec
 
 from ._common import check_name, settings, with_client
-from ._output import emit_structured, output_option, render_table
+from ._output import emit_structured, output_option, render_table, runtime_option
 from ._specs import queue_to_entry
 from .completion import complete_queues
 from .queues import _apply_flags, _checked, _queue_options
@@ -44,16 +44,6 @@ async def fetch_snapshot(client: Client, tenant: str) -> tuple[Scheduler, float]
     return Scheduler.from_snapshot(data["snapshot"]), float(data["now"])
 
 
-def _runtime_option(f: Any) -> Any:
-    return click.option(
-        "--default-runtime",
-        type=click.FloatRange(min=0.0),
-        default=3600.0,
-        show_default=True,
-        help="Seconds assumed for work that declares no estimate and has no history.",
-    )(f)
-
-
 def _fmt(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -66,7 +56,7 @@ def _fmt(seconds: float | None) -> str:
 
 @click.command("forecast")
 @click.option("--queue", "queue", help="Only this queue's actions.")
-@_runtime_option
+@runtime_option
 @output_option
 @click.pass_context
 def forecast(ctx: click.Context, queue: str | None, default_runtime: float, output: str) -> None:
@@ -117,7 +107,7 @@ def forecast(ctx: click.Context, queue: str | None, default_runtime: float, outp
 @click.argument("name", shell_complete=complete_queues)
 @_queue_options
 @click.option("--clear-cluster", is_flag=True, help="As if the queue could use any cluster.")
-@_runtime_option
+@runtime_option
 @output_option
 @click.pass_context
 def what_if(

@@ -37,6 +37,7 @@ from ._output import (
     limit,
     output_option,
     render_table,
+    runtime_option,
 )
 from ._specs import (
     QUEUE_FIELDS,
@@ -479,13 +480,7 @@ def get_queue(ctx: click.Context, name: str, output: str) -> None:
 
 @describe.command("queue")
 @click.argument("name", shell_complete=complete_queues)
-@click.option(
-    "--default-runtime",
-    type=click.FloatRange(min=0.0),
-    default=3600.0,
-    show_default=True,
-    help="Seconds assumed for work with no estimate, for the start forecast.",
-)
+@runtime_option
 @click.option(
     "--max-actions",
     type=click.IntRange(min=0),
