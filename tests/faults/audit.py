@@ -197,6 +197,8 @@ def _sweep(
     does not overlap what started at t."""
     points: list[tuple[float, int, _Span]] = []
     for s in spans:
+        if s.end <= s.start:
+            continue  # held for no time (seen bound and ended at once): overlaps nothing
         points.append((s.start, 1, s))
         points.append((s.end, 0, s))
     points.sort(key=lambda p: (p[0], p[1]))

@@ -173,9 +173,9 @@ def read_pod_logs(paths: Sequence[Path]) -> tuple[list[PodLine], list[str]]:
 
 async def scheduler_view(client: Client, tenant: str) -> dict[str, Any]:
     """The scheduler's queues (in flight, waiting, usage) and loop counters."""
-    queues = await retrying(lambda: hw.get_queues(client, tenant))
+    queues = await retrying(lambda: hw.get_queues(client, tenant), timeout_s=15)
     h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
-    stats = await retrying(lambda: h.query("stats"))
+    stats = await retrying(lambda: h.query("stats"), timeout_s=15)
     return {"queues": queues, "stats": stats}
 
 

@@ -211,6 +211,8 @@ class _Run:
         self.fault_times: list[tuple[float, str]] = []
         self.extra: list[Finding] = []
         self.restarting: set[str] = set()
+        #: A workflow of the run fails every task (nondeterminism): nothing will move.
+        self.wedged = False
 
     # --- start-up -----------------------------------------------------------------------
 
@@ -333,7 +335,15 @@ class _Run:
         """Until Temporal counts ``n`` action workflows and none running; the time it saw
         that, or None at the deadline."""
         base = f"WorkflowType='{protocol.ACTION_WORKFLOW}'"
+        checked = time.time()
         while time.time() < deadline:
+            if time.time() - checked >= 5.0:
+                checked = time.time()
+                if _nondeterminism(self.sup):
+                    # A workflow that cannot replay fails every task from now on: waiting
+                    # out the deadline would only cost CI minutes.
+                    self.wedged = True
+                    return None
             try:
                 total = (await client.count_workflows(base)).count
                 running = (
@@ -416,7 +426,9 @@ class _Run:
         while True:
             try:
                 view = await scheduler_view(client, self.cfg.tenant)
-                view["fleet"] = await retrying(lambda: hw.get_fleet(client, self.cfg.tenant))
+                view["fleet"] = await retrying(
+                    lambda: hw.get_fleet(client, self.cfg.tenant), timeout_s=15
+                )
                 view["store"] = store_leases(self.db, self.cfg.tenant)
             except Exception as exc:
                 problems = [f"could not read the scheduler or the store: {exc}"]
@@ -491,6 +503,12 @@ class _Run:
         """
         groups: Counter[str] = Counter()
         odd: list[Finding] = []
+        sched = client.get_workflow_handle(protocol.scheduler_workflow_id(self.cfg.tenant))
+        try:
+            await asyncio.wait_for(sched.query("stats"), 10)
+            answers = True
+        except Exception:
+            answers = False  # wedged or gone: do not spend a timeout per action on it
         for action_id in ids[:80]:
             try:
                 st = await asyncio.wait_for(hw.action_state(client, self.cfg.tenant, action_id), 5)
@@ -498,20 +516,22 @@ class _Run:
             except Exception as exc:
                 wf = f"unqueryable ({type(exc).__name__})"
             try:
+                if not answers:
+                    raise TimeoutError("the scheduler did not answer its stats query")
                 why = await asyncio.wait_for(hw.why(client, self.cfg.tenant, action_id), 5)
-                sched = f"{why.get('state')}/{why.get('reason')}"
+                said = f"{why.get('state')}/{why.get('reason')}"
             except Exception as exc:
-                sched = f"unqueryable ({type(exc).__name__})"
-            groups[f"workflow {wf}, scheduler {sched}"] += 1
-            if sched.startswith("running") and wf in ("waiting", "submitting"):
+                said = f"unqueryable ({type(exc).__name__})"
+            groups[f"workflow {wf}, scheduler {said}"] += 1
+            if said.startswith("running") and wf in ("waiting", "submitting"):
                 odd.append(
                     Finding(
                         "admission-undelivered",
                         action_id,
-                        f"the scheduler counts it running ({sched}); its workflow is {wf}",
+                        f"the scheduler counts it running ({said}); its workflow is {wf}",
                     )
                 )
-            if sched.startswith("running") and wf in ("succeeded", "failed", "cancelled"):
+            if said.startswith("running") and wf in ("succeeded", "failed", "cancelled"):
                 odd.append(
                     Finding(
                         "end-not-collected",
@@ -578,12 +598,17 @@ async def fault_run(cfg: RunConfig, data_dir: Path) -> RunResult:
                 Finding(
                     "stuck",
                     f"{len(pending)} action(s)",
-                    f"not ended {cfg.recovery_deadline_s}s after the last fault: "
-                    f"{pending[:30]}\n{why}",
+                    (
+                        "not ended, and never will: a workflow fails every task"
+                        if run.wedged
+                        else f"not ended {cfg.recovery_deadline_s}s after the last fault"
+                    )
+                    + f": {pending[:30]}\n{why}",
                 )
             )
             run.extra += odd
-        view, problems = await run.settle(client, time.time() + cfg.settle_deadline_s)
+        settle_s = 5.0 if run.wedged else cfg.settle_deadline_s
+        view, problems = await run.settle(client, time.time() + settle_s)
         final = view
         for problem in problems:
             run.extra.append(Finding("not-released", "scheduler/store", problem))
@@ -682,6 +707,8 @@ def _nondeterminism(sup: Supervisor) -> list[Finding]:
     and the first message."""
     out = []
     for proc in sup.procs.values():
+        if proc.name == "temporal-server":
+            continue  # it logs the workers' failures again
         try:
             text = proc.log.read_text(errors="replace")
         except OSError:

@@ -260,3 +260,16 @@ def test_a_nondeterministic_replay_in_a_worker_log_is_a_finding(tmp_path: Path) 
     found = _nondeterminism(sup)
     assert [f.kind for f in found] == ["nondeterminism"]
     assert "r-1" in found[0].detail and "Nondeterminism error: marker x" in found[0].detail
+
+
+def test_a_pod_seen_bound_and_ended_at_once_holds_its_node_for_no_time() -> None:
+    # A restarted worker that finds a pod already finished logs both lines at once.
+    plans = [planned("a", gpu=8), planned("b", gpu=8)]
+    hists = [history("a", (0.0, 9.0)), history("b", (0.0, 9.0))]
+    a = pod("a", 0, 0.5, None, gpu=8)[:1]
+    bound = pod("a", 0, 3.0, 3.0, gpu=8)[1:]
+    b = pod("b", 0, 4.0, 6.0, gpu=8)
+    report = run_audit(
+        plans, hists, a + [x.__class__(**{**x.__dict__, "t": 3.0}) for x in bound] + b
+    )
+    assert report.node_overshoots == [], report.node_overshoots
