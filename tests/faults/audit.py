@@ -571,7 +571,12 @@ def audit(
             start = min(m.created.t for m in members)
             ends = [m.until for m in members]
             pod_spans[p.queue].append(_Span(start, max(ends), f"{action}#{idx}", _held(p)))
-            if len(names) > 1 and max(m.created.t for m in members) > min(ends):
+            # Judged on pods whose creation the log has: one seen first when a restarted
+            # worker found it (its created line lost, a finding of its own) starts late.
+            logged = [m for m in members if m.created.event == "created"]
+            if len({m.created.pod for m in logged}) > 1 and max(m.created.t for m in logged) > min(
+                m.until for m in logged
+            ):
                 findings.append(
                     Finding(
                         "gang-split",
