@@ -15,12 +15,14 @@ as ``script_location``, or a file written by hand) and the matching change of
 ``store/models.py``; ``tests/store/test_migrations.py`` checks that the two agree.
 
 Concurrent openers (several workers starting at once) take turns: the upgrade runs in
-one transaction that holds the database's write lock (SQLite's ``BEGIN IMMEDIATE``) or a
-transaction-scoped advisory lock (PostgreSQL), and reads the revision under it.
+one transaction, under a transaction-scoped advisory lock on PostgreSQL; on SQLite the
+database's own write lock orders them, and an opener told "database is locked" tries
+again. Each reads the revision inside its transaction.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from alembic import command
@@ -28,6 +30,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
 
 __all__ = ["HERE", "VERSION_TABLE", "config", "current", "head", "upgrade"]
 
@@ -61,7 +64,27 @@ def current(engine: Engine) -> str | None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Upgrade the database of ``engine`` to ``revision`` (default: the newest)."""
+    """Upgrade the database of ``engine`` to ``revision`` (default: the newest).
+
+    On SQLite, an opener whose read transaction meets another's write gets "database is
+    locked" at once (SQLite returns busy instead of waiting when waiting could deadlock):
+    it tries again, briefly backing off; the upgrade reads the revision afresh each time.
+    """
+    for attempt in range(_SQLITE_TRIES):
+        try:
+            _upgrade(engine, revision)
+            return
+        except OperationalError as err:
+            locked = "database is locked" in str(err)
+            if engine.dialect.name != "sqlite" or not locked or attempt == _SQLITE_TRIES - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+
+
+_SQLITE_TRIES = 20
+
+
+def _upgrade(engine: Engine, revision: str) -> None:
     cfg = config()
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
