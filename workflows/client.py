@@ -34,6 +34,7 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
@@ -720,14 +721,12 @@ class ActionDetails:
     memo: dict[str, Any] = field(default_factory=dict)
 
 
-async def action_details(client: Client, tenant: str, action_id: str) -> ActionDetails:
-    """Everything Temporal holds about one action (see :class:`ActionDetails`).
-
-    Raises:
-        ActionNotFoundError: no such action in the tenant.
-    """
-    workflow_id = protocol.action_workflow_id(tenant, action_id)
-    handle = client.get_workflow_handle(workflow_id)
+async def _describe_action(
+    client: Client, tenant: str, action_id: str
+) -> tuple[WorkflowHandle[Any, Any], WorkflowExecutionDescription]:
+    """The action's workflow handle and description; ActionNotFoundError if there is none
+    (a missing namespace is not a missing action: that error stands)."""
+    handle = client.get_workflow_handle(protocol.action_workflow_id(tenant, action_id))
     try:
         desc = await handle.describe()
     except RPCError as err:
@@ -736,6 +735,17 @@ async def action_details(client: Client, tenant: str, action_id: str) -> ActionD
         raise
     if desc.workflow_type != protocol.ACTION_WORKFLOW:
         raise ActionNotFoundError(tenant, action_id)
+    return handle, desc
+
+
+async def action_details(client: Client, tenant: str, action_id: str) -> ActionDetails:
+    """Everything Temporal holds about one action (see :class:`ActionDetails`).
+
+    Raises:
+        ActionNotFoundError: no such action in the tenant.
+    """
+    workflow_id = protocol.action_workflow_id(tenant, action_id)
+    handle, desc = await _describe_action(client, tenant, action_id)
     sa = desc.typed_search_attributes
     state, reason = _state_of(desc.status, sa)
     memo = dict(await desc.memo())
@@ -841,15 +851,7 @@ async def cancel_action(
         ActionNotFoundError: no such action in the tenant.
     """
     workflow_id = protocol.action_workflow_id(tenant, action_id)
-    handle = client.get_workflow_handle(workflow_id)
-    try:
-        desc = await handle.describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND and "namespace" not in err.message.lower():
-            raise ActionNotFoundError(tenant, action_id) from err
-        raise
-    if desc.workflow_type != protocol.ACTION_WORKFLOW:
-        raise ActionNotFoundError(tenant, action_id)
+    handle, desc = await _describe_action(client, tenant, action_id)
     before, _ = _state_of(desc.status, desc.typed_search_attributes)
     cluster = desc.typed_search_attributes.get(SA["HeadwayCluster"])
     if desc.status != WorkflowExecutionStatus.RUNNING:
