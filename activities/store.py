@@ -397,6 +397,7 @@ class StoreActivities:
                 max_done=inp.max_done,
                 forget=inp.forget,
                 wants_ends=inp.wants_ends,
+                keep=inp.keep_claims,
             )
         )
         return SyncOutput(leases=r.leases, done=r.done, more=r.more, more_done=r.more_done)

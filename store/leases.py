@@ -303,6 +303,14 @@ class _Prepared:
             & admissions.c.action_id.in_(select(leases.c.action_id).where(collected))
         )
         self.collected_delete = delete(leases).where(collected)
+        # ... but for the claims of syncs whose results may not be in the scheduler's
+        # history yet (``keep``): a retry of such a sync must find its ends again.
+        kept = collected & leases.c.done_claim.not_in(bindparam("keep", expanding=True))
+        self.collected_admissions_delete_kept = delete(admissions).where(
+            (admissions.c.tenant == t)
+            & admissions.c.action_id.in_(select(leases.c.action_id).where(kept))
+        )
+        self.collected_delete_kept = delete(leases).where(kept)
         self.done_ids = (
             select(leases.c.id)
             .where(
@@ -970,6 +978,7 @@ class LeaseStore:
         max_done: int = 5000,
         forget: Sequence[str] = (),
         wants_ends: bool | None = None,
+        keep: Sequence[str] = (),
     ) -> SyncResult:
         """Claim new leases and ends for the scheduler, idempotently per ``token``.
 
@@ -986,6 +995,10 @@ class LeaseStore:
             forget: action ids whose leases the scheduler dropped (workflow gone).
             wants_ends: the scheduler's ``wants-ends`` (whether its last pass left work
                 waiting); None leaves the flag as it is.
+            keep: tokens of earlier syncs whose results may not be recorded in the
+                scheduler's history yet (their workflow task may still be lost): the ends
+                they claimed stay. Every other earlier claim was applied for good, and
+                its rows go.
         """
         with self._tx() as conn:
             prior = self._claimed_by(conn, tenant, token)
@@ -1042,8 +1055,13 @@ class LeaseStore:
                     )
                 )
             # Ends the scheduler applied in an earlier sync are durable in its history.
-            conn.execute(prep.collected_admissions_delete, {"t": tenant, "tok": token})
-            conn.execute(prep.collected_delete, {"t": tenant, "tok": token})
+            if keep:
+                args = {"t": tenant, "tok": token, "keep": list(keep)}
+                conn.execute(prep.collected_admissions_delete_kept, args)
+                conn.execute(prep.collected_delete_kept, args)
+            else:
+                conn.execute(prep.collected_admissions_delete, {"t": tenant, "tok": token})
+                conn.execute(prep.collected_delete, {"t": tenant, "tok": token})
             if ids:
                 conn.execute(prep.claim_done, {"ids": ids, "tok": token})
                 out.done = [[a, str(d)] for a, d in conn.execute(prep.done_rows, {"ids": ids})]

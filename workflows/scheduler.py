@@ -26,6 +26,17 @@ events; it never polls. Temporal's limits shape everything here:
   ``MAX_HISTORY``), after in-flight dispatches drained and all handlers finished; the
   core snapshot plus the small loop state (seq counter, store cursors, reaper clock) is
   carried, and nothing outstanding is dropped.
+* **One reader of inputs** (patch ``serial-inputs``). The Python SDK may hand a local
+  activity's result to the workflow in the *next* workflow task, together with that
+  task's signals, where a replay hands it over at once (and it orders results of
+  concurrent local activities differently on replay). Code that reads what signals,
+  updates, timers or regular activities changed, or the clock, or the history length,
+  right after a local activity would then decide differently on replay: a control-plane
+  restart stopped the shard for good (issue #20). So handlers and spawned tasks only
+  append to an inbox; the loop takes the inbox, reads the clock and the history length
+  only where it wakes (a wake comes from history: the same on replay), and awaits every
+  local activity itself, one at a time. What a local activity returns is recorded and
+  may be used at once.
 * **Reaping.** An admitted action whose workflow vanished (terminated) would hold its
   reservation forever: the dispatch activity reports such workflows ``gone`` when it
   signals them, and running leases older than ``REAP_AFTER_S`` are probed in batches.
@@ -35,7 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -160,6 +171,18 @@ class SchedulerWorkflow:
         self._door_lock = asyncio.Lock()
         self._max_history = inp.max_history
         self._changed = True
+        # See "One reader of inputs" above. Decided once per run, as it starts: a run
+        # recorded before replays as it was written, the next run (after continue-as-new)
+        # is serial.
+        self._serial = workflow.patched("serial-inputs")
+        self._inbox: list[Callable[[], None]] = []
+        # Syncs of this run: the latest whose result the loop took, and the latest whose
+        # result is surely in the history (its task completed); the claims of those in
+        # between stay in the store (``SyncInput.keep_claims``, issue #20).
+        self._seen_sync = 0
+        self._durable_sync = 0
+        # The loop's clock: read where the loop wakes (serial runs).
+        self._now = workflow.now().timestamp()
         self._nudged: set[str] = set()
         self._more: set[str] = set()
         self._out_admit: list[AdmitItem] = []
@@ -216,6 +239,10 @@ class SchedulerWorkflow:
     @workflow.signal(name=NUDGE_SIGNAL)
     def nudge(self, channel: str) -> None:
         """The store has news on ``channel`` (``q:<queue>`` or ``done``)."""
+        if self._serial:
+            self._history_moved_on(self._seen_sync)
+            self._inbox.append(lambda: self._nudged.add(channel))
+            return
         self._nudged.add(channel)
         self._changed = True
 
@@ -231,6 +258,11 @@ class SchedulerWorkflow:
         counted (``stats``: capacity_ignored), or held until the fleet is known when it
         is still being learned.
         """
+        if self._serial:
+            self._history_moved_on(self._seen_sync)
+            heard_at = workflow.now().timestamp()
+            self._inbox.append(lambda: self._take_report(report, heard_at))
+            return
         if not workflow.patched("registered-clusters-only"):
             self._capacity_report_v0(report)
             return
@@ -245,6 +277,23 @@ class SchedulerWorkflow:
             self._ignore_report(report, stale)
             return
         self._apply_report(report)
+
+    def _history_moved_on(self, seen: int) -> None:
+        """A signal or an update came (it comes first in a new workflow task), or a timer
+        or regular activity started when ``seen`` syncs were taken completed: the task
+        that took them completed, so their results are in the history."""
+        self._durable_sync = max(self._durable_sync, seen)
+
+    def _take_report(self, report: CapacityReport, heard_at: float) -> None:
+        """A report, taken by the loop (serial runs: the fleet is known by then)."""
+        if report.cluster not in self._cluster_names():
+            self._ignore_report(report, "the cluster is not in the tenant's fleet")
+            return
+        stale = self._stale(report)
+        if stale:
+            self._ignore_report(report, stale)
+            return
+        self._apply_report(report, heard_at)
 
     def _capacity_report_v0(self, report: CapacityReport) -> None:
         # Histories recorded before "registered-clusters-only" replay through this.
@@ -271,7 +320,7 @@ class SchedulerWorkflow:
         self._stats["capacity_ignored"] += 1
         workflow.logger.warning("capacity report of %s ignored (%s)", report.cluster, why)
 
-    def _apply_report(self, report: CapacityReport) -> None:
+    def _apply_report(self, report: CapacityReport, heard_at: float | None = None) -> None:
         self._core.report_capacity(report.cluster, report.nodes, report.reflected_actions)
         self._loop.capacity_seq[report.cluster] = report.sequence
         if report.incarnation:
@@ -284,7 +333,7 @@ class SchedulerWorkflow:
             "sequence": report.sequence,
             "incarnation": report.incarnation,
             "observed_at": report.observed_at,
-            "heard_at": workflow.now().timestamp(),
+            "heard_at": workflow.now().timestamp() if heard_at is None else heard_at,
         }
         if self._silent_checks and report.cluster in self._loop.silent:
             workflow.logger.warning("cluster %s reports again: up", report.cluster)
@@ -298,6 +347,9 @@ class SchedulerWorkflow:
     async def upsert_queue(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Create or replace a queue; returns the applied ``QueueSpec.to_dict()``."""
         q = _parse_queue(spec)
+        if self._serial:
+            await self._through_loop(lambda: _apply(lambda: self._core.upsert_queue(q)))
+            return q.to_dict()
         _apply(lambda: self._core.upsert_queue(q))
         self._changed = True
         await self._push_door()
@@ -310,6 +362,13 @@ class SchedulerWorkflow:
     @workflow.update(name=protocol.UPDATE_QUEUE_UPDATE)
     async def update_queue(self, req: dict[str, Any]) -> dict[str, Any]:
         """Change some knobs of a queue live (``{"name", "changes"}``); in-flight work stays."""
+        if self._serial:
+            changed: QueueSpec = await self._through_loop(
+                lambda: _apply(
+                    lambda: self._core.update_queue(req["name"], req.get("changes") or {})
+                )
+            )
+            return changed.to_dict()
         spec: QueueSpec = _apply(
             lambda: self._core.update_queue(req["name"], req.get("changes") or {})
         )
@@ -332,6 +391,9 @@ class SchedulerWorkflow:
     async def remove_queue(self, req: dict[str, Any]) -> dict[str, Any]:
         """Remove an empty queue (``{"name"}``): nothing waiting, running or in the store."""
         name = req["name"]
+        if self._serial:
+            await self._through_loop(lambda: self._remove_queue(name))
+            return {"name": name, "removed": True}
         _apply(lambda: self._core.remove_queue(name))
         self._more.discard(name)
         self._nudged.discard(f"q:{name}")
@@ -359,6 +421,9 @@ class SchedulerWorkflow:
     async def set_org(self, org: dict[str, Any]) -> dict[str, Any]:
         """Replace the tenant's org-wide limits."""
         limits = _parse_org(org)
+        if self._serial:
+            await self._through_loop(lambda: _apply(lambda: self._core.set_org(limits)))
+            return limits.to_dict()
         _apply(lambda: self._core.set_org(limits))
         self._changed = True
         await self._push_door()
@@ -367,6 +432,60 @@ class SchedulerWorkflow:
     @set_org.validator
     def _validate_org(self, org: dict[str, Any]) -> None:
         _parse_org(org)
+
+    def _remove_queue(self, name: str) -> None:
+        _apply(lambda: self._core.remove_queue(name))
+        self._more.discard(name)
+        self._nudged.discard(f"q:{name}")
+
+    async def _through_loop(self, change: Callable[[], _T]) -> _T:
+        """Have the loop apply ``change`` where it takes its inputs, and the door's settings
+        reach the store; return what ``change`` returned, or raise what it raised.
+
+        An update returns only once its change is at the door, so a submission after it
+        is decided by the new settings.
+        """
+        self._history_moved_on(self._seen_sync)
+        done: list[tuple[bool, Any, int]] = []
+
+        def apply() -> None:
+            try:
+                value: Any = change()
+            except Exception as err:  # the update fails, the workflow task does not
+                done.append((False, err, 0))
+                return
+            self._door_gen += 1
+            done.append((True, value, self._door_gen))
+
+        self._inbox.append(apply)
+        await workflow.wait_condition(
+            lambda: bool(done) and (not done[0][0] or self._door_pushed >= done[0][2])
+        )
+        ok, value, _ = done[0]
+        if not ok:
+            raise value
+        result: _T = value
+        return result
+
+    async def _put_door(self, remote: bool = False) -> None:
+        """Serial runs: the loop puts the door's settings as they are now into the store
+        (``remote``: by a regular activity, whose completion is a wake replays share)."""
+        at = self._door_gen
+        await _activity(
+            SET_DOOR_ACTIVITY, self._door_input(), type(None), local=not remote, timeout_s=30
+        )
+        self._door_pushed = at
+
+    def _door_input(self) -> DoorInput:
+        org = self._core.org.submit_rate
+        return DoorInput(
+            tenant=self._tenant,
+            rate={"per_second": org.per_second, "burst": org.burst} if org else None,
+            queues={
+                name: {"status": q.spec.status.value, "depth": q.spec.depth, "rate": None}
+                for name, q in sorted(self._core.queues.items())
+            },
+        )
 
     async def _push_door(self) -> None:
         """Put the door's settings (queues, the org's submit rate) into the store, where
@@ -384,18 +503,9 @@ class SchedulerWorkflow:
             if self._door_pushed >= want:
                 return  # a push that started after this change carried it
             at = self._door_gen
-            org = self._core.org.submit_rate
-            inp = DoorInput(
-                tenant=self._tenant,
-                rate={"per_second": org.per_second, "burst": org.burst} if org else None,
-                queues={
-                    name: {"status": q.spec.status.value, "depth": q.spec.depth, "rate": None}
-                    for name, q in sorted(self._core.queues.items())
-                },
-            )
             await workflow.execute_local_activity(
                 SET_DOOR_ACTIVITY,
-                inp,
+                self._door_input(),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=_RETRY,
             )
@@ -515,6 +625,13 @@ class SchedulerWorkflow:
         # Every run puts its settings at the door first: a tenant's first run makes its
         # door, a continued one restates it, and one recorded before the door existed
         # (patch ``door``) brings it to a store that never had it.
+        if self._serial:
+            # The first iteration wakes right after this regular activity: where a
+            # replay wakes (after a local one, the result may come a task later).
+            self._door_gen += 1
+            await self._put_door(remote=True)
+            await self._serve(inp)
+            return
         await self._push_door()
         early, self._early_reports = self._early_reports, {}
         for report in early.values():
@@ -531,24 +648,7 @@ class SchedulerWorkflow:
             now = workflow.now().timestamp()
             if self._silent_checks:
                 self._mark_silent(now)
-            admitted = self._schedule(now)
-            self._waits = self._waiting()
-            self._stats["passes"] += 1
-            for a in admitted:
-                self._loop.running_since[a.action_id] = now
-                self._out_admit.append(
-                    AdmitItem(
-                        self._workflow_id(a.action_id),
-                        Admission(
-                            action_id=a.action_id,
-                            cluster=a.cluster,
-                            node_hints=list(a.nodes),
-                            decided_at=now,
-                            reasons=list(a.reasons),
-                        ),
-                    )
-                )
-            self._stats["admitted"] += len(admitted)
+            self._decide(now)
             cont = self._should_continue_as_new()
             # The task that continues as new may not complete: a signal arriving while it
             # runs makes the server reject its completion (UnhandledCommand) and the task
@@ -574,6 +674,156 @@ class SchedulerWorkflow:
                     elif workflow.patched("yield-between-refills"):
                         await workflow.sleep(0.001)
                 self._changed = True
+
+    async def _serve(self, inp: SchedulerInput) -> None:
+        """The loop of a serial run: wake, take the inbox, sync, pass, deliver.
+
+        The inbox, the clock and the history length are read right after a wake only
+        (see "One reader of inputs" in the module docstring): every later step uses
+        what was read there and what its own local activities returned.
+        """
+        while True:
+            await workflow.wait_condition(self._has_work)
+            self._now = now = workflow.now().timestamp()
+            cont = self._should_continue_as_new()
+            self._take_inbox()
+            # Nothing sets it again before the next wake but history (a timer, a
+            # regular activity): the next iteration starts where a replay starts it.
+            self._changed = False
+            if self._door_pushed < self._door_gen:
+                await self._put_door()
+            for _ in range(MAX_SYNCS_PER_ITERATION):
+                if not self._sync_needed() or (self._bites and self._claimed >= BITE):
+                    break
+                await self._sync()
+            self._claimed = 0
+            if self._silent_checks:
+                self._mark_silent(now)
+            self._decide(now)
+            if cont:
+                # Its task may not complete (a signal arriving meanwhile makes the server
+                # reject it) and then runs again: regular dispatches only, which are mere
+                # commands until it completes.
+                await self._continue_as_new(inp)
+            await self._deliver(now)
+            self._maybe_reap(now)
+            self._arm_timer(now)
+            if self._sync_needed():
+                # More to take from the store than this iteration took (a backlog, ends
+                # beyond one sync): by a regular activity, whose completion is history,
+                # so the next iteration wakes where a replay wakes.
+                await self._sync(remote=True)
+                self._changed = True
+
+    def _take_inbox(self) -> None:
+        items, self._inbox = self._inbox, []
+        for apply in items:
+            apply()
+
+    def _decide(self, now: float) -> None:
+        """One pass; its admissions join the undelivered ones."""
+        admitted = self._schedule(now)
+        self._waits = self._waiting()
+        self._stats["passes"] += 1
+        for a in admitted:
+            self._loop.running_since[a.action_id] = now
+            self._out_admit.append(
+                AdmitItem(
+                    self._workflow_id(a.action_id),
+                    Admission(
+                        action_id=a.action_id,
+                        cluster=a.cluster,
+                        node_hints=list(a.nodes),
+                        decided_at=now,
+                        reasons=list(a.reasons),
+                    ),
+                )
+            )
+        self._stats["admitted"] += len(admitted)
+
+    async def _deliver(self, now: float) -> None:
+        """Deliver what is decided (serial runs): a small batch by a local activity the
+        loop awaits, a big one (or a probe) by a regular activity left running. A batch
+        that finds workflows gone frees their room: the pass runs again."""
+        while (self._out_admit or self._out_reject) and self._inflight < MAX_DISPATCH_INFLIGHT:
+            batch = self._next_batch()
+            if not self._small(batch) or not workflow.patched("local-dispatch"):
+                self._start_dispatch(batch)
+                continue
+            self._stats["dispatches"] += 1
+            res = await _activity(
+                DISPATCH_ACTIVITY, batch, DispatchResult, local=True, timeout_s=30
+            )
+            if res.gone:
+                self._forget_gone(res.gone, now)
+                self._decide(now)
+
+    def _next_batch(self) -> DispatchBatch:
+        admit = self._out_admit[:DISPATCH_BATCH]
+        del self._out_admit[:DISPATCH_BATCH]
+        reject = self._out_reject[: DISPATCH_BATCH - len(admit)]
+        del self._out_reject[: len(reject)]
+        return DispatchBatch(self._tenant, admit, reject)
+
+    @staticmethod
+    def _small(batch: DispatchBatch) -> bool:
+        n = len(batch.admissions) + len(batch.rejections)
+        return not batch.probe and n <= LOCAL_DISPATCH_MAX
+
+    async def _dispatch_remote(self, batch: DispatchBatch) -> None:
+        """A regular dispatch activity; what it found reaches the loop by the inbox."""
+        res: DispatchResult | None = None
+        seen = self._seen_sync
+        try:
+            res = await _activity(
+                DISPATCH_ACTIVITY, batch, DispatchResult, local=False, timeout_s=120
+            )
+        finally:
+            self._history_moved_on(seen)
+            self._inbox.append(lambda: self._dispatched(res))
+
+    def _dispatched(self, res: DispatchResult | None) -> None:
+        self._inflight -= 1
+        if res is not None and res.gone:
+            self._forget_gone(res.gone, self._now)
+
+    def _forget_gone(self, gone: list[str], now: float) -> None:
+        # The workflow is gone, so nobody will ever release it: do it here, and have
+        # the store forget its lease.
+        for action_id in gone:
+            self._release(action_id, "cancelled", now)
+            self._loop.forget.append(action_id)
+
+    async def _continue_as_new(self, inp: SchedulerInput) -> None:
+        """Serial runs: deliver what is decided by regular activities, let handlers and
+        dispatches finish (taking the inbox at each wake), then continue as new."""
+        while True:
+            self._launch_dispatches(local_ok=False)
+            await workflow.wait_condition(
+                lambda: (
+                    bool(self._inbox)
+                    or (
+                        self._inflight == 0
+                        and not (self._out_admit or self._out_reject)
+                        and workflow.all_handlers_finished()
+                    )
+                )
+            )
+            if not self._inbox:
+                break
+            self._take_inbox()
+            if self._door_pushed < self._door_gen:
+                await self._put_door()
+        self._loop.nudged = sorted(self._nudged)
+        self._loop.more = sorted(self._more)
+        workflow.continue_as_new(
+            SchedulerInput(
+                tenant=inp.tenant,
+                fleet=self._fleet,
+                carried=self.carried_state(),
+                max_history=self._max_history,
+            )
+        )
 
     def _schedule(self, now: float) -> list[Admitted]:
         """The pass, kept from stopping the shard for good when it raises (a bug).
@@ -664,8 +914,12 @@ class SchedulerWorkflow:
         self._loop.workflow_ids.pop(action_id, None)
 
     def _has_work(self) -> bool:
-        return self._changed or (
-            self._inflight < MAX_DISPATCH_INFLIGHT and bool(self._out_admit or self._out_reject)
+        return (
+            self._changed
+            or bool(self._inbox)
+            or (
+                self._inflight < MAX_DISPATCH_INFLIGHT and bool(self._out_admit or self._out_reject)
+            )
         )
 
     # --- store sync ---------------------------------------------------------------
@@ -719,7 +973,13 @@ class SchedulerWorkflow:
         """
         taken, self._nudged = self._nudged, set()
         self._loop.sync_no += 1
-        token = f"{workflow.info().run_id}:{self._loop.sync_no}"
+        number = self._loop.sync_no
+        run_id = workflow.info().run_id
+        token = f"{run_id}:{number}"
+        # A regular activity runs once the task that scheduled it completed: every sync
+        # before it is in the history.
+        first_kept = number if remote else self._durable_sync + 1
+        keep = [f"{run_id}:{k}" for k in range(first_kept, number)] if self._serial else []
         forget, self._loop.forget = self._loop.forget, []
         room = self._room_for(taken)
         wants = self._waits if self._lazy_ends else None
@@ -732,6 +992,7 @@ class SchedulerWorkflow:
             max_done=MAX_SYNC_DONE,
             forget=forget,
             wants_ends=wants,
+            keep_claims=keep,
         )
         # A remote sync takes milliseconds (a 1M-lease store: ~50 ms); if its worker dies,
         # the retry (same token, same claims) should not wait long.
@@ -740,9 +1001,14 @@ class SchedulerWorkflow:
         )
         self._claimed += len(res.leases)
         self._stats["syncs"] += 1
+        self._seen_sync = number
+        if remote:
+            self._history_moved_on(number)
         if wants is not None:
             self._wants_written = wants
-        now = workflow.now().timestamp()
+        # Serial runs: the clock of the wake (after a local activity, reading it would
+        # differ on replay when the result came in the next task).
+        now = self._now if self._serial else workflow.now().timestamp()
         for d in res.leases:
             spec = ActionSpec.from_dict({**d, "seq": self._loop.seq})
             self._loop.seq += 1
@@ -771,7 +1037,8 @@ class SchedulerWorkflow:
         self._more = set(res.more)
         if res.more_done:
             self._nudged.add(DONE_CHANNEL)
-        self._changed = True
+        if not self._serial:
+            self._changed = True
 
     def _room_for(self, taken: set[str]) -> dict[str, int]:
         saved, self._nudged = self._nudged, taken
@@ -797,19 +1064,16 @@ class SchedulerWorkflow:
 
     def _launch_dispatches(self, local_ok: bool = True) -> None:
         while (self._out_admit or self._out_reject) and self._inflight < MAX_DISPATCH_INFLIGHT:
-            admit = self._out_admit[:DISPATCH_BATCH]
-            del self._out_admit[:DISPATCH_BATCH]
-            reject = self._out_reject[: DISPATCH_BATCH - len(admit)]
-            del self._out_reject[: len(reject)]
-            self._start_dispatch(DispatchBatch(self._tenant, admit, reject), local_ok)
+            self._start_dispatch(self._next_batch(), local_ok)
 
     def _start_dispatch(self, batch: DispatchBatch, local_ok: bool = True) -> None:
+        """A dispatch left running (serial runs: a regular one; see ``_deliver``)."""
         self._inflight += 1
         self._stats["dispatches"] += 1
-        small = (
-            not batch.probe and len(batch.admissions) + len(batch.rejections) <= LOCAL_DISPATCH_MAX
-        )
-        local = local_ok and small and workflow.patched("local-dispatch")
+        if self._serial:
+            self._spawn(self._dispatch_remote(batch))
+            return
+        local = local_ok and self._small(batch) and workflow.patched("local-dispatch")
         self._spawn(self._dispatch(batch, local))
 
     async def _dispatch(self, batch: DispatchBatch, local: bool = False) -> None:
@@ -824,12 +1088,7 @@ class SchedulerWorkflow:
         finally:
             self._inflight -= 1
             self._changed = True
-        now = workflow.now().timestamp()
-        for action_id in res.gone:
-            # The workflow is gone, so nobody will ever release it: do it here, and have
-            # the store forget its lease.
-            self._release(action_id, "cancelled", now)
-            self._loop.forget.append(action_id)
+        self._forget_gone(res.gone, workflow.now().timestamp())
 
     # --- reaping ------------------------------------------------------------------
 
@@ -888,7 +1147,15 @@ class SchedulerWorkflow:
         self._spawn(self._timer(wake, max(wake - now, 0.001)))
 
     async def _timer(self, at: float, delay: float) -> None:
+        seen = self._seen_sync
         await workflow.sleep(delay)
+        if self._serial:
+            self._history_moved_on(seen)
+            self._inbox.append(lambda: self._timer_fired(at))
+            return
+        self._timer_fired(at)
+
+    def _timer_fired(self, at: float) -> None:
         if self._timer_at == at:
             self._timer_at = None
         self._changed = True

@@ -149,6 +149,9 @@ class SyncInput:
     forget: list[str] = field(default_factory=list)
     #: Whether work waits (sets the store's ``wants-ends``); None: leave it (older runs).
     wants_ends: bool | None = None
+    #: Tokens of earlier syncs whose results may not be in the workflow's history yet:
+    #: the ends they claimed stay in the store (``LeaseStore.sync``'s ``keep``).
+    keep_claims: list[str] = field(default_factory=list)
 
 
 @dataclass

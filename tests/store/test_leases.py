@@ -129,6 +129,26 @@ def test_ends_are_handed_over_once_and_collected(store: LeaseStore, tenant: str)
     assert store.lease_count(tenant) == 1  # a0, a1 collected once consumed
 
 
+def test_ends_of_a_sync_whose_task_may_be_lost_stay_for_its_retry(
+    store: LeaseStore, tenant: str
+) -> None:
+    """Two syncs chained in one workflow task that is then lost (issue #20): the second
+    must not collect the first's ends, or the first's retry would not find them."""
+    for i in range(3):
+        put(store, tenant, i)
+    store.sync(tenant, "r:1", {"q": 10})
+    store.finish_lease(tenant, "a0", "finished")
+    first = store.sync(tenant, "r:2", {"q": 10})
+    assert first.done == [["a0", "finished"]]
+    store.finish_lease(tenant, "a1", "finished")
+    second = store.sync(tenant, "r:3", {"q": 10}, keep=["r:2"])
+    assert second.done == [["a1", "finished"]]
+    assert store.sync(tenant, "r:2", {"q": 10}).done == first.done  # the lost task's retry
+    # Once r:2 and r:3 are in the history, the next sync collects both.
+    store.sync(tenant, "r:4", {"q": 10})
+    assert store.lease_count(tenant) == 1
+
+
 def test_cancel_before_claim_drops_silently_and_reject_deletes(
     store: LeaseStore, tenant: str
 ) -> None:
