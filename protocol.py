@@ -234,7 +234,9 @@ ACTION_WORKFLOW = "ActionWorkflow"
 #: ``TemporalChangeVersion`` (one more visibility write per action, per patch). Inputs
 #: recorded before the field existed decode as revision 0 and replay through the patches.
 #: Revision 2 starts without search attributes and writes them once in the first task.
-ACTION_REVISION = 2
+#: Revision 3 keeps the first outcome the workflow hears (a retried ``run_action`` that
+#: finds the pods deleted after they ended does not turn success into PodLost).
+ACTION_REVISION = 3
 SCHEDULER_WORKFLOW = "SchedulerWorkflow"
 
 #: Cluster-local activity, on ``cluster_task_queue(cluster)``: creates the action's pods

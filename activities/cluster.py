@@ -76,6 +76,11 @@ Signaler = Callable[[str, ActionEvent], Awaitable[None]]
 POD_LOST = ActionEventKind.POD_LOST
 
 
+#: Tries of a terminal signal that failed, before an ended gang's pods are left to the
+#: garbage collection (``ClusterActivities._clean_up``).
+SIGNAL_TRIES = 4
+
+
 def dispatch_key(info: activity.Info) -> str:
     """The dispatch an activity attempt belongs to: the same for every attempt of one
     ``run_action``, different for any other (another scheduling of the action by its
@@ -145,6 +150,8 @@ class GangTracker:
         self._latest: dict[str, tuple[ActionEventKind, str]] = {}
         self._succeeded: set[str] = set()
         self.terminal: ActionEvent | None = None
+        # Whether the workflow has heard ``terminal`` (its signal was recorded).
+        self.terminal_told = False
 
     def observe(self, event: ActionEvent) -> list[ActionEvent]:
         """Take one backend event; return the events to report (possibly none).
@@ -251,11 +258,12 @@ class ClusterActivities:
         self.delete_backoff_s = delete_backoff_s
         self._signaler = signaler
 
-    async def _signal(self, workflow_id: str, event: ActionEvent) -> None:
+    async def _signal(self, workflow_id: str, event: ActionEvent) -> bool:
+        """Signal ``event`` to the action's workflow; whether the server recorded it."""
         try:
             if self._signaler is not None:
                 await self._signaler(workflow_id, event)
-                return
+                return True
             client = self.client or activity.client()
             await client.get_workflow_handle(workflow_id).signal(ACTION_EVENT_SIGNAL, event)
             # Attribution, as a metric: which cluster saw what, and how long it took the
@@ -265,6 +273,8 @@ class ClusterActivities:
             # The returned terminal event is authoritative; a lost progress signal must not
             # fail (and so re-run) the action.
             log.warning("signal %s to %s failed: %s", event.kind, workflow_id, exc)
+            return False
+        return True
 
     @activity.defn(name=RUN_ACTION_ACTIVITY)
     async def run_action(self, req: DispatchRequest) -> ActionEvent:
@@ -330,8 +340,7 @@ class ClusterActivities:
                 while tracker.terminal is None:
                     await self._relay(req, tracker, await queue.get())
                 if self.cleanup:
-                    # Still heartbeating: retries of a failing delete take a while.
-                    await self._delete(req, "cleanup", raise_last=False)
+                    await self._clean_up(req, tracker)
             except asyncio.CancelledError:
                 if self._should_delete_on_cancel():
                     with contextlib.suppress(Exception):
@@ -347,7 +356,37 @@ class ClusterActivities:
     async def _relay(self, req: DispatchRequest, tracker: GangTracker, event: ActionEvent) -> None:
         for out in tracker.observe(event):
             activity.heartbeat(tracker.details())
-            await self._signal(req.workflow_id, out)
+            told = await self._signal(req.workflow_id, out)
+            if out is tracker.terminal:
+                tracker.terminal_told = told
+
+    async def _clean_up(self, req: DispatchRequest, tracker: GangTracker) -> None:
+        """Delete the ended gang's pods, once its workflow has heard the outcome.
+
+        The pods are the only record of the outcome on a Kubernetes cluster: deleted
+        before the outcome is recorded anywhere, a retry of this activity (this worker
+        killed before its result reached Temporal) would find them gone and report the
+        work lost. The terminal signal, once the server took it, is that record (the
+        workflow keeps the first outcome it hears). Not taken after a few tries: the pods
+        stay for the garbage collection, which deletes them once the workflow closed.
+        """
+        assert tracker.terminal is not None
+        delay, cap = self.delete_backoff_s
+        for _ in range(SIGNAL_TRIES):
+            if tracker.terminal_told:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, cap)
+            tracker.terminal_told = await self._signal(req.workflow_id, tracker.terminal)
+        if not tracker.terminal_told:
+            log.warning(
+                "%s: its workflow has not heard the outcome; the pods are left for the"
+                " garbage collection",
+                req.action_id,
+            )
+            return
+        # Still heartbeating: retries of a failing delete take a while.
+        await self._delete(req, "cleanup", raise_last=False)
 
     async def _gone(
         self,

@@ -406,6 +406,11 @@ class ActionWorkflow:
             await self._cancel_running(req, dispatch, admission)
             raise asyncio.CancelledError() from err
         await self._release("finished")
+        if self._terminal is not None and req.revision >= 3:
+            # The first outcome heard stands: the attempt that saw the pods end signalled
+            # it before deleting them; a retry (that attempt's worker killed before its
+            # result reached Temporal) finds them gone and says PodLost (issue #20).
+            result = self._terminal
         if self._terminal is None or self._terminal.kind != result.kind:
             self.action_event(result)
         if result.kind == ActionEventKind.SUCCEEDED:

@@ -14,6 +14,7 @@ from headway.activities.backends.base import WORKFLOW_ANNOTATION, ClusterBackend
 from headway.activities.backends.kubernetes import build_pods
 from headway.activities.backends.sim import SimBackend
 from headway.activities.cluster import ClusterActivities
+from headway.protocol import TERMINAL_EVENTS, ActionEvent
 from headway.protocol import ActionEventKind as K
 from headway.worker.cluster import collect_garbage, run_cluster_worker
 from kubernetes import client as k8s
@@ -90,6 +91,42 @@ async def test_cleanup_after_the_action_retries_failed_deletes(
             assert wait in message and "503 Service Unavailable" in message
         if left:
             assert any("left for the worker's garbage collection" in m for m in warnings(caplog))
+    finally:
+        await b.close()
+
+
+class LosesOutcomes(Recorder):
+    """The action's workflow, reachable for progress but refusing the outcome's signal
+    the first ``refusals`` times (the server down for a moment)."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+
+    async def __call__(self, workflow_id: str, event: ActionEvent) -> None:
+        if event.kind in TERMINAL_EVENTS and self.refusals > 0:
+            self.refusals -= 1
+            raise RuntimeError("connection refused")
+        await super().__call__(workflow_id, event)
+
+
+@pytest.mark.parametrize(
+    ("refusals", "deleted"),
+    [(0, True), (2, True), (9, False)],
+    ids=["heard-at-once", "heard-on-the-third-try", "never-heard-pods-stay-for-gc"],
+)
+async def test_pods_are_deleted_only_once_the_workflow_heard_the_outcome(
+    refusals: int, deleted: bool
+) -> None:
+    """Deleted first, the pods (the outcome's only record on Kubernetes) would make a
+    retry of this activity report success as PodLost (issue #20)."""
+    b = FlakyDeletes(0)
+    rec = LosesOutcomes(refusals)
+    try:
+        result = await attempt_env().run(acts(b, rec).run_action, request("o1"))
+        assert result.kind is K.SUCCEEDED
+        assert (K.SUCCEEDED in rec.kinds()) is deleted
+        assert (b.pods("o1") == {}) is deleted
     finally:
         await b.close()
 

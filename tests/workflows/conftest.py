@@ -102,6 +102,14 @@ class FakeCluster:
         finally:
             self.running.discard(req.action_id)
         self.finished.append(req.action_id)
+        if req.inject == "lost-after-success":
+            # The attempt that saw the pod succeed told the workflow, deleted the pod and
+            # died; its retry finds the pod gone.
+            await self.client.get_workflow_handle(req.workflow_id).signal(
+                protocol.ACTION_EVENT_SIGNAL,
+                ActionEvent(req.action_id, ActionEventKind.SUCCEEDED, self.name, exit_code=0),
+            )
+            return ActionEvent(req.action_id, ActionEventKind.POD_LOST, self.name, pod="p0")
         if req.inject == "oom":
             return ActionEvent(
                 req.action_id, ActionEventKind.OOM_KILLED, self.name, pod="p0", exit_code=137

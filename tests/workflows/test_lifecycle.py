@@ -87,6 +87,20 @@ async def test_oom_is_attributed(plane: Plane, tenant: str) -> None:
     await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
 
 
+@pytest.mark.parametrize(
+    ("revision", "state", "reason"),
+    [(protocol.ACTION_REVISION, "succeeded", "Succeeded"), (2, "failed", "PodLost")],
+    ids=["the-first-outcome-heard-stands", "revision-2-took-the-result-as-it-came"],
+)
+async def test_a_retry_finding_the_pods_deleted_after_success_does_not_fail_the_action(
+    plane: Plane, tenant: str, revision: int, state: str, reason: str
+) -> None:
+    await setup_queue(plane, tenant)
+    r = req(tenant, f"lost{revision}", inject="lost-after-success", revision=revision)
+    res = await hw.wait_result(await hw.submit(plane.client, r))
+    assert (res.state, res.reason) == (state, reason)
+
+
 async def test_rejections(plane: Plane, tenant: str) -> None:
     await setup_queue(plane, tenant, status="draining")
     r1 = await hw.wait_result(await hw.submit(plane.client, req(tenant, "r1")))
