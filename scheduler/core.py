@@ -1040,6 +1040,8 @@ class Scheduler:
         c = self._cluster(name)
         # Node shapes may change too (what could ever hold a demand): a hard change.
         self._touch(name, hard=True)
+        # What the cluster's node shapes could hold is asked again (unknown: anything).
+        self._could_hold = {k: v for k, v in self._could_hold.items() if k[0] != c.index}
         if nodes is None:
             c.known = False
             return
@@ -1053,12 +1055,11 @@ class Scheduler:
         names = [n.name for n in nodes]
         index = {n: i for i, n in enumerate(names)}
         c.set_nodes(caps, frees, names)
-        self._could_hold = {k: v for k, v in self._could_hold.items() if k[0] != c.index}
         done = set(reflected)
         for a in self.on_cluster.get(name, {}).values():
             if not a.nodes:
                 continue
-            remapped = [index.get(old_names[i], -1) if i < len(old_names) else -1 for i in a.nodes]
+            remapped = _remap(a.nodes, old_names, index)
             if a.id in done:
                 # The report already counts these pods: never take them again. A node it
                 # no longer names (-1) has nothing of ours left to give back.
@@ -1072,9 +1073,7 @@ class Scheduler:
                 a.nodes = placed if placed is not None else []
         for inst in self.envs.values():
             if inst.cluster == name and inst.nodes:
-                remapped = [
-                    index.get(old_names[i], -1) if i < len(old_names) else -1 for i in inst.nodes
-                ]
+                remapped = _remap(inst.nodes, old_names, index)
                 inst.nodes = remapped if all(i >= 0 for i in remapped) else []
 
     def upsert_queue(self, spec: QueueSpec) -> None:
@@ -4754,3 +4753,9 @@ def _validate_queue(spec: QueueSpec) -> None:
     if not spec.name or not isinstance(spec.name, str):
         raise ValueError(f"name: {spec.name!r} is not a queue name")
     check_limits(spec)
+
+
+def _remap(nodes: Sequence[int], old_names: Sequence[str], index: Mapping[str, int]) -> list[int]:
+    """Node indices under a report's new node list: -1 for a node it no longer names,
+    and for one already gone from an earlier report (-1 stays -1)."""
+    return [index.get(old_names[i], -1) if 0 <= i < len(old_names) else -1 for i in nodes]

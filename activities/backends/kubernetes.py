@@ -720,6 +720,18 @@ class KubernetesBackend:
         name = body["metadata"]["name"]
         action = body["metadata"]["annotations"][ACTION_ANNOTATION]
         for _ in range(2):
+            if self._pod_log is not None:
+                # The intent first: a kill between the call and the "created" line below
+                # must not leave a pod the log never heard of.
+                self._pod_log.append(
+                    "creating",
+                    t=self.clock(),
+                    action=action,
+                    pod=name,
+                    node=None,
+                    spec=spec,
+                    dispatch=dispatch,
+                )
             try:
                 await asyncio.to_thread(self.api.create_namespaced_pod, ns, _any(body))
             except ApiException as exc:

@@ -300,7 +300,7 @@ class _PodLife:
     until: float = INF
 
 
-_ORDER = {"created": 0, "bound": 1, "ended": 2}
+_ORDER = {"creating": -1, "created": 0, "bound": 1, "ended": 2}
 
 
 #: How much earlier than its "created" line a pod's first other line may be stamped and
@@ -325,11 +325,19 @@ def _pod_lives(lines: Sequence[PodLine]) -> tuple[list[_PodLife], list[str], int
     for key_lines in by_key.values():
         todo = sorted(key_lines, key=lambda x: (x.t, _ORDER.get(x.event, 3)))
         life: _PodLife | None = None
+        # A backend that logs its intent before the create call ("creating"; the
+        # Kubernetes one): a pod seen without a created line after it was the intent's,
+        # its worker killed between the call and the line.
+        intent: PodLine | None = None
         i = 0
         while i < len(todo):
             line = todo[i]
             i += 1
+            if line.event == "creating":
+                intent = line
+                continue
             if line.event == "created":
+                intent = None
                 if life is not None:
                     problems.append(f"{line.pod} created at {line.t:.3f} while still alive")
                 life = _PodLife(line, line.node, line.t if line.node else None)
@@ -345,6 +353,8 @@ def _pod_lives(lines: Sequence[PodLine]) -> tuple[list[_PodLife], list[str], int
                     late += 1
                     created = todo.pop(nxt)
                     life = _PodLife(created, None, None)
+                elif intent is not None:
+                    life, intent = _PodLife(intent, None, None), None
                 else:
                     problems.append(
                         f"{line.pod} {line.event} at {line.t:.3f} (incarnation"
@@ -573,7 +583,7 @@ def audit(
             pod_spans[p.queue].append(_Span(start, max(ends), f"{action}#{idx}", _held(p)))
             # Judged on pods whose creation the log has: one seen first when a restarted
             # worker found it (its created line lost, a finding of its own) starts late.
-            logged = [m for m in members if m.created.event == "created"]
+            logged = [m for m in members if m.created.event in ("created", "creating")]
             if len({m.created.pod for m in logged}) > 1 and max(m.created.t for m in logged) > min(
                 m.until for m in logged
             ):

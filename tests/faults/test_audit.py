@@ -4,6 +4,7 @@ never looked."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -247,6 +248,16 @@ def test_a_pod_seen_without_any_created_line_is_a_gap_in_the_log() -> None:
     report = run_audit(plans, hists, lines)
     assert any("without a created line" in f.detail for f in report.findings)
     assert report.pods_created == 1  # still counted against its queue and node
+
+
+def test_a_pod_whose_created_line_a_kill_cut_off_is_its_logged_intents() -> None:
+    """The Kubernetes backend logs "creating" before its create call: killed between the
+    call and the "created" line, the pod it made is still one the log knows."""
+    plans = [planned("a")]
+    hists = [history("a", (0.0, 5.0))]
+    created, *rest = pod("a", 0, 0.5, 4.0)
+    report = run_audit(plans, hists, [dataclasses.replace(created, event="creating"), *rest])
+    assert report.findings == [] and report.pods_created == 1
 
 
 def test_a_nondeterministic_replay_in_a_worker_log_is_a_finding(tmp_path: Path) -> None:

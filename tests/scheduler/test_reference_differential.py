@@ -217,17 +217,6 @@ def checked(*modules: Any) -> Iterator[None]:
 # stays waiting (``test_core_bug_lifting_org_limits_starts_nothing``). Steered around:
 # the core forgets what it remembers (``invalidate``) right after such a change.
 STEER_ORG_LIFTED = True
-# ``report_capacity(name, None)`` (capacity unknown: open) leaves ``_could_hold`` as it
-# was, so a demand found unable to fit the cluster's node shapes before stays
-# ``Unschedulable`` at submission (``test_core_bug_unknown_capacity_still_unschedulable``).
-# Steered around: the cache is cleared after such a report.
-STEER_UNKNOWN_COULD_HOLD = True
-# A report that counts an action's pods (``reflected``) but no longer names its node
-# leaves node index -1 on the action; the next report reads ``old_names[-1]``: an
-# IndexError if the node list was empty, else the action's pods are taken again on the
-# last node, which never held them (``test_core_bug_report_after_a_lost_node_*``).
-# Steered around: such a report does not reflect actions on the node it drops or renames.
-STEER_REPORT_NODE_GONE = True
 # A warm environment whose actions all ran past their estimates is projected to go
 # ``idle_ttl`` after now: a time that moves with the clock. The cached projections of
 # ``_earliest_fit`` are kept over a clock window that does not see it (no running action
@@ -574,8 +563,7 @@ def capacity_report(
     here = [r for r in snap["running"] if r[1] == cluster and r[2]]
     for k, r in enumerate(here):
         where = spots(r[2])
-        if reflect >> k & 1 and (where is not None or not STEER_REPORT_NODE_GONE):
-            # (see STEER_REPORT_NODE_GONE)
+        if reflect >> k & 1:
             reflected.append(r[0][0])
             if where is not None:
                 count(snap["demands"][r[0][9]], where)
@@ -721,8 +709,6 @@ class Shard:
         reflect, which = ch.between(0, 2**12 - 1, "reflect"), ch.between(0, 99, "node")
         nodes, reflected = capacity_report(self.core.to_snapshot(), name, mode, reflect, which)
         self.core.report_capacity(name, nodes, reflected)
-        if STEER_UNKNOWN_COULD_HOLD and nodes is None:
-            self.core._could_hold.clear()  # see STEER_UNKNOWN_COULD_HOLD
         self.cycle()
 
     def health(self, ch: Chooser) -> None:
@@ -1043,10 +1029,9 @@ def test_core_bug_lifting_org_limits_starts_nothing() -> None:
     assert [a.action_id for a in s.schedule(0.0)] == ["a"]
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="core: report_capacity(None) keeps _could_hold"
-)
-def test_core_bug_unknown_capacity_still_unschedulable() -> None:
+def test_a_demand_no_node_shape_holds_is_taken_once_capacity_is_unknown() -> None:
+    """Once bug 2: ``report_capacity(name, None)`` (capacity unknown: open) kept what the
+    old node shapes could hold, so the demand stayed Unschedulable at submission."""
     s = Scheduler([ClusterSpec("c", (NodeGroup("n", 1, GI_NODE),))], [QueueSpec("q")])
     gpu = (Pod(4000, 16 * GI, gpu=1, gpu_type=H200),)
     assert s.submit(ActionSpec("a", "q", gpu), 0.0) == Reason.Unschedulable
@@ -1055,21 +1040,26 @@ def test_core_bug_unknown_capacity_still_unschedulable() -> None:
     assert s.submit(ActionSpec("b", "q", gpu), 0.0) is None
 
 
-@pytest.mark.xfail(
-    strict=True, raises=IndexError, reason="core: a lost node's index -1 read as old_names[-1]"
-)
-def test_core_bug_report_after_a_lost_node_crashes() -> None:
+def test_a_report_after_a_lost_node_takes_nothing_for_its_pods_elsewhere() -> None:
+    """Once bug 3: a running action whose node a report no longer names keeps node -1,
+    and the next report read that as the last of the old names (an IndexError on an
+    empty list, or a's pods taken on a node that never held them as if they were there)."""
+
     def node(name: str) -> _Node:
         return _Node(name, 16000, 64 * GI, 0, 0, None, 16000, 64 * GI, 0, 0)
 
     s = Scheduler([ClusterSpec("c", (NodeGroup("n", 1, GI_NODE),))], [QueueSpec("q")])
     assert s.submit(ActionSpec("a", "q", (Pod(1000, GI),)), 0.0) is None
     assert [x.action_id for x in s.schedule(0.0)] == ["a"]
-    # The report counts a's pods but no longer names its node: a keeps node -1.
-    s.report_capacity("c", [], reflected=["a"])
-    # The next report reads old_names[-1] of an empty list (with a node left, it would
-    # take a's pods again on that last node, which never held them).
+    s.report_capacity("c", [], reflected=["a"])  # counts a's pods, no longer names its node
     s.report_capacity("c", [node("n-1")], reflected=[])
+    (cluster,) = s.to_snapshot()["clusters"]
+    assert cluster["names"] == ["n-1"]
+    # A report that does not reflect a running action holds its room (its pods may not
+    # exist yet), once: a placed anew, as any action whose node is gone.
+    assert cluster["free"][0] == [15000]
+    s.report_capacity("c", [node("n-1")], reflected=["a"])
+    assert s.to_snapshot()["clusters"][0]["free"][0] == [16000]
 
 
 @pytest.mark.xfail(
