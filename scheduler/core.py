@@ -1112,6 +1112,12 @@ class Scheduler:
     def set_org(self, org: OrgLimits) -> None:
         self.org = org
         self._org_epoch += 1
+        # Every queue's visit read the old limits. (The signatures' org part cannot tell:
+        # it is 0 for a limit-free org and for a limited one's first epoch alike.) Rare:
+        # a configuration change.
+        for q in self.queues.values():
+            q.epoch += 1
+            q.tail = -1
 
     def _touch(self, name: str, hard: bool = False) -> None:
         """Note that cluster ``name`` changed (free capacity; ``hard``: more than that)."""

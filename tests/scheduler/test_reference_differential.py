@@ -212,11 +212,6 @@ def checked(*modules: Any) -> Iterator[None]:
 # goes on looking for others; fixing one makes its example pass (and fail as XPASS):
 # then drop the marker and set its switch here to False.
 #
-# The incremental core skips a queue's visit when lifting the org's concurrency limits
-# (``set_org``) leaves its signature as it was: an action the org's limit held back
-# stays waiting (``test_core_bug_lifting_org_limits_starts_nothing``). Steered around:
-# the core forgets what it remembers (``invalidate``) right after such a change.
-STEER_ORG_LIFTED = True
 # A warm environment whose actions all ran past their estimates is projected to go
 # ``idle_ttl`` after now: a time that moves with the clock. The cached projections of
 # ``_earliest_fit`` are kept over a clock window that does not see it (no running action
@@ -266,10 +261,6 @@ def _one_easy(queues: list[QueueSpec]) -> list[QueueSpec]:
             q = q.with_changes(algorithm=Algorithm.backfill)
         out.append(q)
     return out
-
-
-def _org_gated(org: OrgLimits) -> bool:
-    return org.max_concurrent_actions is not None or org.max_concurrent_runs is not None
 
 
 # ------------------------------------------------------------- choices, two ways
@@ -746,10 +737,7 @@ class Shard:
 
     def set_org(self, ch: Chooser) -> None:
         if self.profile == "mixed":
-            was, org = self.core.org, mixed_org(ch)
-            self.core.set_org(org)
-            if STEER_ORG_LIFTED and _org_gated(was) and not _org_gated(org):
-                self.core.invalidate()  # see STEER_ORG_LIFTED
+            self.core.set_org(mixed_org(ch))
         self.cycle()
 
     def continue_as_new(self, ch: Chooser) -> None:
@@ -1013,10 +1001,8 @@ def test_seeded_scenarios(family: str, seed: int) -> None:
 GI_NODE = Pod(16000, 64 * GI)
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="core: lifting org limits skips the visit"
-)
-def test_core_bug_lifting_org_limits_starts_nothing() -> None:
+def test_lifting_the_org_limits_starts_what_they_held() -> None:
+    """Once bug 1: the visit was skipped, its signature's org part 0 before and after."""
     s = Scheduler(
         [ClusterSpec("c", (NodeGroup("n", 1, GI_NODE),))],
         [QueueSpec("q")],
