@@ -3727,7 +3727,8 @@ class Scheduler:
                 del self._vrooms[dkey]
             before = chosen.version
             if chosen.known:
-                nodes = chosen.place(runs, commit=True, limit=extras[0].extra if extras else None)
+                limit = _joint_extra(extras) if extras else None
+                nodes = chosen.place(runs, commit=True, limit=limit)
                 assert nodes is not None
                 for used in extras:
                     self._use_up(used, runs, nodes)
@@ -3956,19 +3957,7 @@ class Scheduler:
             need.append(r)
         if not need or not runs:
             return need if runs else []
-        limit = need[0].extra
-        assert limit is not None
-        if len(need) > 1:
-            limit = limit.clone()
-            for o in need[1:]:
-                other = o.extra
-                assert other is not None
-                for i in range(len(limit.fcpu)):
-                    limit.fcpu[i] = min(limit.fcpu[i], other.fcpu[i])
-                    limit.fmem[i] = min(limit.fmem[i], other.fmem[i])
-                    limit.feph[i] = min(limit.feph[i], other.feph[i])
-                    limit.fgpu[i] = min(limit.fgpu[i], other.fgpu[i])
-        if c.place(runs, commit=False, limit=limit) is None:
+        if c.place(runs, commit=False, limit=_joint_extra(need)) is None:
             return None
         return need
 
@@ -4765,3 +4754,21 @@ def _remap(nodes: Sequence[int], old_names: Sequence[str], index: Mapping[str, i
     """Node indices under a report's new node list: -1 for a node it no longer names,
     and for one already gone from an earlier report (-1 stays -1)."""
     return [index.get(old_names[i], -1) if 0 <= i < len(old_names) else -1 for i in nodes]
+
+
+def _joint_extra(need: Sequence[_Reservation]) -> ClusterState:
+    """What the EASY extras of every reservation in ``need`` leave on each node at once:
+    an action that outlasts several reservations must fit in all of their extras."""
+    first = need[0].extra
+    assert first is not None
+    if len(need) == 1:
+        return first
+    joint = [first.fcpu[:], first.fmem[:], first.feph[:], first.fgpu[:]]
+    for r in need[1:]:
+        x = r.extra
+        assert x is not None
+        for mine, theirs in zip(joint, (x.fcpu, x.fmem, x.feph, x.fgpu), strict=True):
+            for i, v in enumerate(theirs):
+                if v < mine[i]:
+                    mine[i] = v
+    return first.with_free((joint[0], joint[1], joint[2], joint[3]))

@@ -231,13 +231,6 @@ STEER_ENV_OVERDUE = True
 # Steered around: the random workloads have no such gang (``stories`` has one, where
 # nothing reads those answers).
 STEER_BEST_FIT_ANOMALY = True
-# Two EASY heads reserving one cluster: an action that outlasts both reservations may
-# start only where it fits in both heads' extras, and the core checks that
-# (``_allowed``), but places it within the first head's extra alone (``_consider``:
-# ``limit=extras[0].extra``): it may take a node the other head's projected placement
-# needs, and that head start late (``test_core_bug_two_easy_extras_placed_in_one``).
-# Steered around: at most one queue is EASY.
-STEER_TWO_EASY = True
 
 
 def _overdue_environment(snap: Mapping[str, Any], now: float) -> bool:
@@ -249,18 +242,6 @@ def _overdue_environment(snap: Mapping[str, Any], now: float) -> bool:
         if r[7] is not None:
             ends.setdefault(r[7], []).append(r[5])
     return any(ttl[n] > 0 and all(e is not None and e < now for e in es) for n, es in ends.items())
-
-
-def _one_easy(queues: list[QueueSpec]) -> list[QueueSpec]:
-    """``queues``, an EASY queue after the first made backfill (see STEER_TWO_EASY)."""
-    if not STEER_TWO_EASY:
-        return queues
-    out: list[QueueSpec] = []
-    for q in queues:
-        if q.algorithm is Algorithm.easy and any(x.algorithm is Algorithm.easy for x in out):
-            q = q.with_changes(algorithm=Algorithm.backfill)
-        out.append(q)
-    return out
 
 
 # ------------------------------------------------------------- choices, two ways
@@ -603,8 +584,7 @@ class Shard:
     def __init__(self, ch: Chooser, profile: str | None = None) -> None:
         self.profile = profile or ch.one(["mixed", "reserving", "holding"], "profile")
         w = world(ch, self.profile)
-        queues = _one_easy(w.queues)
-        self.core: Scheduler = CheckedScheduler(w.clusters, queues, w.org, w.envs)
+        self.core: Scheduler = CheckedScheduler(w.clusters, w.queues, w.org, w.envs)
         self.demands, self.estimates, self.palettes = w.demands, w.estimates, w.palettes
         self.now = 0.0
         self.seq = 0
@@ -730,8 +710,7 @@ class Shard:
             )
         else:
             change = getattr(mixed_queue(ch, q.name, list(self.core.clusters)), knob)
-        others = [QueueSpec.from_dict(x) for x in snap["queues"] if x["name"] != q.name]
-        q = _one_easy([*others, q.with_changes(**{knob: change})])[-1]
+        q = q.with_changes(**{knob: change})
         self.core.upsert_queue(q)
         self.cycle()
 
@@ -870,7 +849,6 @@ def reserving_scenario(seed: int) -> Scenario:
     if rng.random() < 0.4:
         sel = tuple(sorted(rng.sample([c.name for c in clusters], rng.randint(1, len(clusters)))))
         queues.append(QueueSpec("low", Priority.low, rng.choice(list(Algorithm)), clusters=sel))
-        queues = _one_easy(queues)
     envs = []
     if rng.random() < 0.4:
         ttl = rng.choice([0.0, 5.0, 20.0])
@@ -1138,10 +1116,8 @@ def test_story(story: Callable[[], None]) -> None:
     story()
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="core: EASY extras, placed within the first"
-)
-def test_core_bug_two_easy_extras_placed_in_one() -> None:
+def test_an_action_outlasting_two_easy_reservations_fits_in_both_extras() -> None:
+    """Once bug 6: it was placed within the first head's extra alone."""
     one = Pod(1000, GI)
     s = Scheduler(
         [ClusterSpec("c", (NodeGroup("n", 6, Pod(1000, 4 * GI)),))],
@@ -1152,7 +1128,7 @@ def test_core_bug_two_easy_extras_placed_in_one() -> None:
         ],
     )
     for i, (aid, q, k, est) in enumerate(
-        [("F", "fill", 4, 100.0), ("A", "a", 3, 50.0), ("B", "b", 5, 3.0), ("X", "b", 1, 100.0)]
+        [("F", "fill", 4, 100.0), ("A", "a", 3, 50.0), ("B", "b", 5, 3.0), ("X", "b", 1, 101.0)]
     ):
         assert s.submit(ActionSpec(aid, q, (one,) * k, seq=i, estimate=est), 0.0) is None
     # F takes n-0..n-3 until 100. A reserves at 100, its projected placement on the busy
