@@ -64,6 +64,7 @@ from sqlalchemy import (
     delete,
     event,
     func,
+    insert,
     select,
     text,
     tuple_,
@@ -74,7 +75,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.pool import StaticPool
 
 from . import migrations
-from .models import AdmissionRow, Base, DoorRow, LeaseRow, ShardFlag
+from .models import AdmissionRow, Base, DoorRow, LeaseRow, ShardFlag, SyncRow
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -305,7 +306,12 @@ class _Prepared:
         self.collected_delete = delete(leases).where(collected)
         # ... but for the claims of syncs whose results may not be in the scheduler's
         # history yet (``keep``): a retry of such a sync must find its ends again.
-        kept = collected & leases.c.done_claim.not_in(bindparam("keep", expanding=True))
+        keep_tokens: Any = bindparam("keep", expanding=True)
+        kept = (
+            collected
+            & leases.c.done_claim.not_in(keep_tokens)
+            & (leases.c.claim.is_(None) | leases.c.claim.not_in(keep_tokens))
+        )
         self.collected_admissions_delete_kept = delete(admissions).where(
             (admissions.c.tenant == t)
             & admissions.c.action_id.in_(select(leases.c.action_id).where(kept))
@@ -1001,9 +1007,8 @@ class LeaseStore:
                 its rows go.
         """
         with self._tx() as conn:
-            prior = self._claimed_by(conn, tenant, token)
+            prior = self._answered(conn, tenant, token)
             if prior is not None:  # this very sync committed before (forget included)
-                prior.more = self._pending_queues(conn, tenant)
                 return prior
             prep = self._prep
             out = SyncResult()
@@ -1069,6 +1074,7 @@ class LeaseStore:
                 conn.execute(prep.claim, {"ids": claims, "tok": token})
             out.leases = self._leases_claimed(conn, tenant, token)
             out.more = more
+            self._remember(conn, tenant, token, out, keep)
             return out
 
     # --- introspection ------------------------------------------------------------
@@ -1203,6 +1209,39 @@ class LeaseStore:
             d["submit"] = at
             out.append(d)
         return out
+
+    def _answered(self, conn: Connection, tenant: str, token: str) -> SyncResult | None:
+        """What sync ``token`` answered, if it committed: its claims, read back, and the
+        rest as recorded (computed again, a retry could answer otherwise than the first
+        try, whose answer a lost workflow task may already have acted on)."""
+        row = conn.execute(
+            select(SyncRow.more, SyncRow.more_done).where(
+                (SyncRow.tenant == tenant) & (SyncRow.token == token)
+            )
+        ).first()
+        if row is None:
+            # Committed before sync answers were kept (or never): the claims tell.
+            prior = self._claimed_by(conn, tenant, token)
+            if prior is not None:
+                prior.more = self._pending_queues(conn, tenant)
+            return prior
+        prior = self._claimed_by(conn, tenant, token) or SyncResult()
+        prior.more, prior.more_done = json.loads(row.more), bool(row.more_done)
+        return prior
+
+    def _remember(
+        self, conn: Connection, tenant: str, token: str, out: SyncResult, keep: Sequence[str]
+    ) -> None:
+        """Keep this sync's answer while its workflow task may be lost (``keep`` names the
+        earlier ones that may be); forget every other."""
+        conn.execute(
+            delete(SyncRow).where((SyncRow.tenant == tenant) & SyncRow.token.not_in([token, *keep]))
+        )
+        conn.execute(
+            insert(SyncRow).values(
+                tenant=tenant, token=token, more=json.dumps(out.more), more_done=out.more_done
+            )
+        )
 
     def _claimed_by(self, conn: Connection, tenant: str, token: str) -> SyncResult | None:
         leases = self._leases_claimed(conn, tenant, token)

@@ -24,6 +24,11 @@ windows:
   settings) and by ``put_lease`` (the buckets), which decides every submission against
   them in the transaction that writes its lease (``headway.scheduler.door``).
 
+* ``headway_syncs``: what a scheduler sync answered besides its claims (the queues with
+  leases left behind, whether ends are left behind), by the sync's token, kept while the
+  workflow task that ran it may still be lost: its retry answers exactly the same, so
+  the scheduler decides exactly as before.
+
 The schema changes through migrations only (``headway.store.migrations``, Alembic): a
 change here comes with a new revision there.
 """
@@ -33,7 +38,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Boolean, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["AdmissionRow", "Base", "DoorRow", "LeaseRow", "ShardFlag"]
+__all__ = ["AdmissionRow", "Base", "DoorRow", "LeaseRow", "ShardFlag", "SyncRow"]
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL wants a 64-bit key for a
 # table that may see billions of inserts over its life.
@@ -114,3 +119,14 @@ class DoorRow(Base):
     burst: Mapped[float | None] = mapped_column(Float, nullable=True)
     tokens: Mapped[float | None] = mapped_column(Float, nullable=True)
     token_time: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class SyncRow(Base):
+    """A scheduler sync's answer besides its claims (see ``LeaseStore.sync``)."""
+
+    __tablename__ = "headway_syncs"
+
+    tenant: Mapped[str] = mapped_column(String(200), primary_key=True)
+    token: Mapped[str] = mapped_column(String(200), primary_key=True)
+    more: Mapped[str] = mapped_column(Text)  # the queues with leases left behind, JSON
+    more_done: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -9,6 +9,7 @@ revisions are in ``versions/``:
   version table) is upgraded by the same path as an empty one: what it has is kept, an
   index it lacks (added to the code after the database was made) is created.
 * ``r0002``: the door (``headway_doors``) and the index it counts held leases with.
+* ``r0003``: sync answers (``headway_syncs``), so a retried sync answers as its first try.
 
 A schema change is a new revision here (``alembic revision -m ...`` with this directory
 as ``script_location``, or a file written by hand) and the matching change of

@@ -149,6 +149,24 @@ def test_ends_of_a_sync_whose_task_may_be_lost_stay_for_its_retry(
     assert store.lease_count(tenant) == 1
 
 
+def test_a_retried_sync_answers_exactly_as_its_first_try(store: LeaseStore, tenant: str) -> None:
+    """A workflow task lost after its sync ran may already have acted on the answer (an
+    admission delivered): the retry must lead the scheduler to the same decisions."""
+    empty = store.sync(tenant, "r:1", {"q": 10})
+    assert (empty.leases, empty.done, empty.more, empty.more_done) == ([], [], [], False)
+    for i in range(3):
+        put(store, tenant, i)
+    first = store.sync(tenant, "r:2", {"q": 1}, keep=["r:1"])
+    assert [d["id"] for d in first.leases] == ["a0"] and first.more == ["q"]
+    store.sync(tenant, "r:3", {"q": 10}, keep=["r:1", "r:2"])  # claims a1, a2
+    again = store.sync(tenant, "r:2", {"q": 1})
+    assert (again.leases, again.more) == (first.leases, ["q"])
+    assert store.sync(tenant, "r:1", {"q": 10}).leases == []  # not the leases of today
+    # Once no sync names them as perhaps lost, their answers go.
+    store.sync(tenant, "r:4", {"q": 10})
+    assert store.sync(tenant, "r:2", {"q": 1}).more == []  # read back from claims only
+
+
 def test_cancel_before_claim_drops_silently_and_reject_deletes(
     store: LeaseStore, tenant: str
 ) -> None:

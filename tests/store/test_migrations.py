@@ -61,7 +61,7 @@ def tables(url: str) -> set[str]:
 def test_a_new_database_is_made_at_the_newest_revision(empty_url: str) -> None:
     s = LeaseStore(empty_url)
     try:
-        assert migrations.current(s.engine) == migrations.head() == "r0002"
+        assert migrations.current(s.engine) == migrations.head() == "r0003"
     finally:
         s.close()
     assert tables(empty_url) == {
@@ -69,6 +69,7 @@ def test_a_new_database_is_made_at_the_newest_revision(empty_url: str) -> None:
         "headway_shard_flags",
         "headway_admissions",
         "headway_doors",
+        "headway_syncs",
         migrations.VERSION_TABLE,
     }
 
@@ -165,6 +166,7 @@ def test_an_index_added_since_a_database_was_made_is_created_on_open(empty_url: 
         conn.exec_driver_sql("DROP INDEX ix_headway_leases_ended")
         conn.exec_driver_sql(f"DROP TABLE {migrations.VERSION_TABLE}")
         conn.exec_driver_sql("DROP TABLE headway_doors")
+        conn.exec_driver_sql("DROP TABLE headway_syncs")
         conn.exec_driver_sql("DROP INDEX ix_headway_leases_held")
     s.close()
     s = LeaseStore(empty_url)
