@@ -124,6 +124,13 @@ MAX_FAILED_ACTIONS = 8
 #: down: it takes no new work until it reports again (workers report on every change and
 #: at least every 30 s, ``worker.cluster.capacity_loop``).
 CLUSTER_SILENT_S = 90.0
+#: Serial runs look at the store by themselves this long after their last sync while
+#: work waits or runs (``BUSY``), else after ``IDLE``. A nudge can be lost for good: its
+#: sender flipped the store's flag, then died (or the server was down) before the signal
+#: went out, and the flag, set, keeps every later sender silent. Found by the fault suite
+#: (issue #20): 34 actions waited for ever behind ends the scheduler never collected.
+SAFETY_SYNC_BUSY_S = 30.0
+SAFETY_SYNC_IDLE_S = 120.0
 
 
 @dataclass
@@ -181,6 +188,7 @@ class SchedulerWorkflow:
         # between stay in the store (``SyncInput.keep_claims``, issue #20).
         self._seen_sync = 0
         self._durable_sync = 0
+        self._last_sync_at = workflow.now().timestamp()
         # The loop's clock: read where the loop wakes (serial runs).
         self._now = workflow.now().timestamp()
         self._nudged: set[str] = set()
@@ -232,6 +240,8 @@ class SchedulerWorkflow:
             "capacity_ignored": 0,
             # Clusters marked down for a silent worker (CLUSTER_SILENT_S).
             "clusters_down": 0,
+            # Syncs of a serial run's own accord (SAFETY_SYNC_BUSY_S).
+            "safety_syncs": 0,
         }
 
     # --- inbound: signals -----------------------------------------------------------
@@ -1002,6 +1012,7 @@ class SchedulerWorkflow:
         self._claimed += len(res.leases)
         self._stats["syncs"] += 1
         self._seen_sync = number
+        self._last_sync_at = self._now
         if remote:
             self._history_moved_on(number)
         if wants is not None:
@@ -1139,6 +1150,9 @@ class SchedulerWorkflow:
         if self._loop.running_since:
             reap = min(self._loop.running_since.values()) + REAP_AFTER_S
             wake = reap if wake is None else min(wake, reap)
+        if self._serial:
+            safety = self._last_sync_at + self._safety_interval()
+            wake = safety if wake is None else min(wake, safety)
         if wake is None:
             return
         if self._timer_at is not None and self._timer_at <= wake:
@@ -1159,6 +1173,15 @@ class SchedulerWorkflow:
         if self._timer_at == at:
             self._timer_at = None
         self._changed = True
+        if self._serial and self._now >= self._last_sync_at + self._safety_interval():
+            # See SAFETY_SYNC_BUSY_S: every channel, as a fresh run looks.
+            self._nudged.add(DONE_CHANNEL)
+            self._more.add("*")
+            self._stats["safety_syncs"] += 1
+
+    def _safety_interval(self) -> float:
+        busy = self._waits or self._loop.running_since
+        return SAFETY_SYNC_BUSY_S if busy else SAFETY_SYNC_IDLE_S
 
     # --- continue-as-new ----------------------------------------------------------
 

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from headway import protocol
+from headway.activities.store import LAZY_END_NUDGE_S
 from headway.workflows import client as hw
 from headway.workflows.action import ActionWorkflow
 from headway.workflows.scheduler import SchedulerWorkflow
@@ -225,3 +226,24 @@ async def test_continue_as_new_delivers_decisions_first_and_carries_none(
     assert runs >= 2
     # The path was taken: some run continued with decisions still to deliver.
     assert delivered_first >= 1
+
+
+async def test_a_lost_nudge_costs_a_safety_interval_not_the_work(
+    plane: Plane, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease whose nudge never went out (its sender flipped the store's flag and died)
+    is taken by the scheduler's own sync, a safety interval after its last."""
+    import headway.workflows.scheduler as sched
+
+    monkeypatch.setattr(sched, "SAFETY_SYNC_IDLE_S", 1.0)
+    monkeypatch.setattr(sched, "SAFETY_SYNC_BUSY_S", 1.0)
+    await hw.upsert_queue(plane.client, tenant, {"name": "default"}, plane.fleet)
+    await hw.wait_result(await hw.submit(plane.client, req(tenant, "first", duration_s=0.1)))
+    handle = plane.client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    await asyncio.sleep(LAZY_END_NUDGE_S + 0.5)  # the end's own nudge has come and gone
+    before = (await handle.query("stats"))["safety_syncs"]
+    # Written as a submitter would, flag included, and then no signal.
+    spec = {"id": "quiet", "queue": "default", "pods": [{"cpu": 100, "memory": 2**20}]}
+    assert plane.store.put_lease(tenant, "quiet", "default", "gone-quiet", spec, 1.0).nudge
+    await eventually(lambda: plane.store.pending_count(tenant) == 0, timeout=20)
+    assert (await handle.query("stats"))["safety_syncs"] > before
