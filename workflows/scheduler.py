@@ -182,6 +182,8 @@ class SchedulerWorkflow:
         # recorded before replays as it was written, the next run (after continue-as-new)
         # is serial.
         self._serial = workflow.patched("serial-inputs")
+        # Syncs of its own accord (SAFETY_SYNC_BUSY_S); serial runs recorded before not.
+        self._safety = self._serial and workflow.patched("safety-sync")
         self._inbox: list[Callable[[], None]] = []
         # Syncs of this run: the latest whose result the loop took, and the latest whose
         # result is surely in the history (its task completed); the claims of those in
@@ -1150,7 +1152,7 @@ class SchedulerWorkflow:
         if self._loop.running_since:
             reap = min(self._loop.running_since.values()) + REAP_AFTER_S
             wake = reap if wake is None else min(wake, reap)
-        if self._serial:
+        if self._safety:
             safety = self._last_sync_at + self._safety_interval()
             wake = safety if wake is None else min(wake, safety)
         if wake is None:
@@ -1173,7 +1175,7 @@ class SchedulerWorkflow:
         if self._timer_at == at:
             self._timer_at = None
         self._changed = True
-        if self._serial and self._now >= self._last_sync_at + self._safety_interval():
+        if self._safety and self._now >= self._last_sync_at + self._safety_interval():
             # See SAFETY_SYNC_BUSY_S: every channel, as a fresh run looks.
             self._nudged.add(DONE_CHANNEL)
             self._more.add("*")

@@ -58,6 +58,8 @@ def load(name: str) -> WorkflowHistory:
         # ... and the loop with one reader of inputs (patch ``serial-inputs``): handlers
         # only fill an inbox, the first iteration wakes after a regular door activity.
         "scheduler_serial",
+        # ... and syncing of its own accord (patch ``safety-sync``).
+        "scheduler_safety",
     ],
 )
 async def test_checked_in_histories_replay(name: str) -> None:
