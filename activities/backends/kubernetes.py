@@ -30,7 +30,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,6 +160,13 @@ def needs_service(req: DispatchRequest) -> bool:
     return req.kind is not GangKind.SINGLE and len(req.pods) > 0
 
 
+#: A gang's pods are created held by this scheduling gate and released together once every
+#: one exists. Until then none can run, so the retry of a worker killed halfway through
+#: creating a gang completes it (nothing of it ran) where it would otherwise report the
+#: missing members lost: a missing member of a released gang may have run, and is.
+GANG_GATE = "headway.io/gang-complete"
+
+
 def build_pods(
     req: DispatchRequest,
     namespace: str,
@@ -198,6 +205,8 @@ def build_pods(
             spec["subdomain"] = svc
         if p.gpu and p.gpu_type:
             spec["nodeSelector"] = {gpu_node_label: p.gpu_type}
+        if len(req.pods) > 1:
+            spec["schedulingGates"] = [{"name": GANG_GATE}]
         annotations = {ACTION_ANNOTATION: req.action_id, WORKFLOW_ANNOTATION: req.workflow_id}
         if dispatch:
             annotations[DISPATCH_ANNOTATION] = dispatch
@@ -709,6 +718,10 @@ class KubernetesBackend:
             bodies = build_pods(req, ns, self.gpu_node_label, dispatch=dispatch)
             for spec, body in zip(req.pods, bodies, strict=True):
                 await self._create_pod(ns, body, spec, dispatch)
+            if len(names) > 1:
+                await self._release_gang(ns, names)
+        elif len(names) > 1:
+            await self._complete_held_gang(req, ns, names, dispatch)
         # Adoption relies on the informer's picture: make sure it has been listed once.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._pods_synced.wait(), self.sync_timeout_s)
@@ -769,6 +782,39 @@ class KubernetesBackend:
                     )
                 await self._wait_gone(ns, name)
         raise RuntimeError(f"pod {ns}/{name}: a stale pod of another dispatch keeps coming back")
+
+    async def _release_gang(self, ns: str, names: Sequence[str]) -> None:
+        """Lift the gang's scheduling gate (``GANG_GATE``) from each of its pods."""
+        for name in names:
+            await asyncio.to_thread(
+                self.api.patch_namespaced_pod, name, ns, {"spec": {"schedulingGates": None}}
+            )
+
+    async def _complete_held_gang(
+        self, req: DispatchRequest, ns: str, names: list[str], dispatch: str
+    ) -> None:
+        """An earlier attempt's gang still held by its gate (that attempt died creating
+        it or before releasing it): nothing of it ran, so create what is missing, then
+        release it. A gang released already is left as it is."""
+        pods = {
+            p["metadata"]["name"]: p
+            for p in await self._list_action_pods(req.action_id, ns)
+            if _dispatch_of(p) == dispatch
+        }
+        if not pods or any(not (p.get("spec") or {}).get("schedulingGates") for p in pods.values()):
+            return
+        missing = [n for n in names if n not in pods]
+        if missing:
+            log.warning(
+                "%s: completing the gang an earlier attempt began (still held): %s",
+                req.action_id,
+                ", ".join(missing),
+            )
+        bodies = build_pods(req, ns, self.gpu_node_label, dispatch=dispatch)
+        for spec, body in zip(req.pods, bodies, strict=True):
+            if body["metadata"]["name"] in missing:
+                await self._create_pod(ns, body, spec, dispatch)
+        await self._release_gang(ns, names)
 
     async def _read_pod(self, ns: str, name: str) -> dict[str, Any] | None:
         try:

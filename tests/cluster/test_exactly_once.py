@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from headway.activities.backends.base import DISPATCH_ANNOTATION
-from headway.activities.backends.kubernetes import build_pods
+from headway.activities.backends.kubernetes import GANG_GATE, build_pods
 from headway.activities.cluster import POD_LOST, ClusterActivities, PriorAttempt
 from headway.protocol import ActionEvent, GangKind, PodSpec
 from headway.protocol import ActionEventKind as K
@@ -280,16 +280,49 @@ async def test_kubernetes_restarted_worker_never_recreates(
         await second.close()
 
 
-async def test_kubernetes_gang_cut_short_by_a_crash_reports_the_rest_lost(
+async def test_kubernetes_gang_cut_short_by_a_crash_is_completed_while_held(
     kube: FakeKube, api_client: k8s.ApiClient
 ) -> None:
     """Attempt 1 created the first pod of a gang and died before the second (and before
-    any heartbeat): the second might have been created and lost, so it is not created;
-    the gang ends PodLost and the first pod is torn down."""
+    any heartbeat). The gang's pods are held by a scheduling gate until every one exists,
+    so nothing of it can have run: the retry creates the second, once, and releases both."""
+    gang = [PodSpec(role="worker", index=i, cpu_m=500) for i in range(2)]
+    req = request("held", gang, kind=GangKind.REPLICAS)
+    req.namespace = NS
+    first = build_pods(req, NS, dispatch=DISPATCH_1)[0]
+    assert first["spec"]["schedulingGates"] == [{"name": GANG_GATE}]
+    await post_pod(kube, first)
+    b = await backend(api_client)
+    try:
+        posts = pod_posts(kube)
+        acts = ClusterActivities(b, signaler=Recorder(), heartbeat_s=0.05)
+        task = asyncio.create_task(attempt_env(2).run(acts.run_action, req))
+        async with asyncio.timeout(5):
+            while not (
+                len(kube.live("pods")) == 2
+                and not any(p["spec"].get("schedulingGates") for p in kube.live("pods"))
+            ):
+                await asyncio.sleep(0.05)
+        assert pod_posts(kube) == posts + 1
+        for p in kube.live("pods"):
+            await patch_pod(kube, p["metadata"]["name"], {"status": {"phase": "Succeeded"}})
+        result = await asyncio.wait_for(task, 10)
+        assert result.kind is K.SUCCEEDED
+    finally:
+        await b.close()
+
+
+async def test_kubernetes_released_gang_missing_a_member_reports_it_lost(
+    kube: FakeKube, api_client: k8s.ApiClient
+) -> None:
+    """A gang released (every pod existed) that is missing a member on retry: that member
+    may have run, so it is not created; the gang ends PodLost and the rest is torn down."""
     gang = [PodSpec(role="worker", index=i, cpu_m=500) for i in range(2)]
     req = request("half", gang, kind=GangKind.REPLICAS)
     req.namespace = NS
-    await post_pod(kube, build_pods(req, NS, dispatch=DISPATCH_1)[0])
+    first = build_pods(req, NS, dispatch=DISPATCH_1)[0]
+    del first["spec"]["schedulingGates"]
+    await post_pod(kube, first)
     b = await backend(api_client)
     try:
         posts = pod_posts(kube)

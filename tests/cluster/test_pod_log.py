@@ -279,7 +279,7 @@ async def test_kubernetes_logs_created_bound_ended_and_what_vanished_while_down(
 
         async def settled() -> None:
             async with asyncio.timeout(5):
-                while len(events(path, "done")) < 3 or len(events(path, "lost")) < 2:
+                while len(events(path, "done")) < 4 or len(events(path, "lost")) < 3:
                     await asyncio.sleep(0.02)
 
         await settled()
@@ -292,15 +292,18 @@ async def test_kubernetes_logs_created_bound_ended_and_what_vanished_while_down(
     second = await started_kube(k8s.ApiClient(cfg), "inc-B", path)
     try:
         async with asyncio.timeout(5):
-            while len(events(path, "lost")) < 3:
+            while len(events(path, "lost")) < 4:
                 await asyncio.sleep(0.02)
         cpu, mem = 1000, GI
+        # The intent before the create call, then the call's success.
         assert events(path, "done") == [
+            ("creating", None, None),
             ("created", None, None),
             ("bound", "n1", None),
             ("ended", "n1", "Succeeded"),
         ]
         assert events(path, "lost") == [
+            ("creating", None, None),
             ("created", None, None),
             ("bound", "n1", None),
             ("ended", "n1", "Deleted"),
@@ -308,6 +311,7 @@ async def test_kubernetes_logs_created_bound_ended_and_what_vanished_while_down(
         rows = lines(path)
         assert all((x["cpu_m"], x["mem"], x["gpu"]) == (cpu, mem, 0) for x in rows)
         assert [x["incarnation"] for x in rows if x["action"] == "lost"] == [
+            "inc-A",
             "inc-A",
             "inc-A",
             "inc-B",

@@ -341,11 +341,12 @@ async def test_kubernetes_worker_restart_while_the_node_and_its_pod_disappear(
     assert len(posts) == 1, "created once, by the first worker"
     lines = pod_lines(pod_log, action)
     assert [(x["event"], x["outcome"]) for x in lines] == [
+        ("creating", None),
         ("created", None),
         ("bound", None),
         ("ended", "Deleted"),
     ]
-    assert lines[0]["incarnation"] != lines[2]["incarnation"]
+    assert lines[1]["incarnation"] != lines[3]["incarnation"]
     assert max(await run_attempts(temporal_env, req.workflow_id)) >= 2
 
 

@@ -265,6 +265,8 @@ class Kubelet:
             if phase in ("Succeeded", "Failed"):
                 continue
             if node is None:
+                if (p.get("spec") or {}).get("schedulingGates"):
+                    continue  # held (a gang not yet whole): the kube-scheduler waits
                 cpu, mem, _eph, gpu = pod_requests(p)
                 fits = [
                     n
