@@ -794,14 +794,19 @@ class KubernetesBackend:
         self, req: DispatchRequest, ns: str, names: list[str], dispatch: str
     ) -> None:
         """An earlier attempt's gang still held by its gate (that attempt died creating
-        it or before releasing it): nothing of it ran, so create what is missing, then
-        release it. A gang released already is left as it is."""
+        it, or releasing it). Wholly held: nothing of it ran, so what is missing is
+        created, then the gang released. Partly released: it was whole when its release
+        began, so the rest is released (a member missing now went after that: lost)."""
         pods = {
             p["metadata"]["name"]: p
             for p in await self._list_action_pods(req.action_id, ns)
             if _dispatch_of(p) == dispatch
         }
-        if not pods or any(not (p.get("spec") or {}).get("schedulingGates") for p in pods.values()):
+        held = [n for n, p in pods.items() if (p.get("spec") or {}).get("schedulingGates")]
+        if not held:
+            return
+        if len(held) < len(pods):
+            await self._release_gang(ns, held)
             return
         missing = [n for n in names if n not in pods]
         if missing:

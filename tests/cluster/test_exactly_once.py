@@ -312,6 +312,34 @@ async def test_kubernetes_gang_cut_short_by_a_crash_is_completed_while_held(
         await b.close()
 
 
+async def test_kubernetes_gang_whose_release_a_crash_cut_short_is_released_whole(
+    kube: FakeKube, api_client: k8s.ApiClient
+) -> None:
+    """Attempt 1 created the whole gang, released its first pod and died: the retry
+    releases the rest (a gang held in part for ever would never finish)."""
+    gang = [PodSpec(role="worker", index=i, cpu_m=500) for i in range(2)]
+    req = request("part", gang, kind=GangKind.REPLICAS)
+    req.namespace = NS
+    first, second = build_pods(req, NS, dispatch=DISPATCH_1)
+    del first["spec"]["schedulingGates"]
+    await post_pod(kube, first)
+    await post_pod(kube, second)
+    b = await backend(api_client)
+    try:
+        posts = pod_posts(kube)
+        acts = ClusterActivities(b, signaler=Recorder(), heartbeat_s=0.05)
+        task = asyncio.create_task(attempt_env(2).run(acts.run_action, req))
+        async with asyncio.timeout(5):
+            while any(p["spec"].get("schedulingGates") for p in kube.live("pods")):
+                await asyncio.sleep(0.05)
+        assert pod_posts(kube) == posts
+        for p in kube.live("pods"):
+            await patch_pod(kube, p["metadata"]["name"], {"status": {"phase": "Succeeded"}})
+        assert (await asyncio.wait_for(task, 10)).kind is K.SUCCEEDED
+    finally:
+        await b.close()
+
+
 async def test_kubernetes_released_gang_missing_a_member_reports_it_lost(
     kube: FakeKube, api_client: k8s.ApiClient
 ) -> None:
