@@ -75,14 +75,6 @@ def _victim_findings(result: RunResult, victims: dict[str, str]) -> list[Finding
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "issue #20, open: seed 2098375445 ended 6 of 60 actions PodLost and the audit "
-        "flagged 2 of them (not on the lost node); also subject to the scheduler's "
-        "replay nondeterminism after a control-plane kill (see test_replay)."
-    ),
-)
 async def test_kubernetes_worker_restart_while_a_node_and_its_pods_disappear(
     tmp_path: Path,
 ) -> None:

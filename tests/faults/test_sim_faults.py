@@ -32,15 +32,6 @@ def _explain(result_findings: list[object], limit: int = 40) -> str:
 # The whole run (start, ~35 s of submission, faults, recovery, audit) takes a few
 # minutes on 2 cores; the bound only stops a wedged run from hanging CI.
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "issue #20, open: after a control-plane kill the scheduler's history may not replay "
-        "(nondeterminism, pinned by test_replay's strict xfail on "
-        "scheduler_nondeterministic_after_kill.json); seeds that hit it wedge the shard. "
-        "Seed 20 passes (310 actions, 7 faults, 0 lost/twice/overshoots)."
-    ),
-)
 async def test_sim_fleet_survives_kill9_faults(tmp_path: Path) -> None:
     seed = choose_seed()
     result = await fault_run(RunConfig(seed=seed), tmp_path)
