@@ -18,6 +18,7 @@ from headway.sdk.client import (
 from headway.sdk.client import Client as HeadwayClient
 
 from ._common import settings, with_client
+from ._output import emit_structured, output_option
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -247,9 +248,9 @@ def _describe(data: Any) -> str:
 @click.command()
 @click.argument("action_id")
 @click.option("--tenant", default=None, help="Tenant (default: the group's --tenant).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@output_option
 @click.pass_context
-def why(ctx: click.Context, action_id: str, tenant: str | None, as_json: bool) -> None:
+def why(ctx: click.Context, action_id: str, tenant: str | None, output: str) -> None:
     """Why ACTION_ID is where it is: its state, queue, cluster and the scheduler's reasons."""
     cfg = settings(ctx)
     hw_tenant = tenant or cfg.tenant
@@ -258,9 +259,9 @@ def why(ctx: click.Context, action_id: str, tenant: str | None, as_json: bool) -
         return await HeadwayClient(client, tenant=hw_tenant).why(action_id)
 
     data = _plain(with_client(cfg, go))
-    if as_json:
-        click.echo(json.dumps(data, indent=2, default=str))
-    elif isinstance(data, dict):
+    if emit_structured(data, output):
+        return
+    if isinstance(data, dict):
         for key, value in data.items():
             if key == "unblock":
                 click.echo("what would unblock it:")

@@ -842,3 +842,21 @@ def test_help_documents_exit_codes_and_defaults() -> None:
         assert verb in res.output
     res = run("get", "actions", "--help")
     assert "[default: 100; x>=0]" in res.output and "table|wide|json|yaml" in res.output
+
+
+# --- why ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", [["-o", "json"], ["--json"], ["-o", "yaml"]], ids=str)
+def test_why_speaks_every_output_format_with_the_same_data(fake: Fake, fmt: list[str]) -> None:
+    res = run("why", "a1", *fmt)
+    assert res.exit_code == 0, res.output
+    data = yaml.safe_load(res.output)  # JSON is YAML too
+    assert data["state"] == "waiting" and data["reason"] == "ActionConcurrency"
+    assert data["unblock"], data
+
+
+def test_why_as_text_says_what_would_unblock_it(fake: Fake) -> None:
+    res = run("why", "a1")
+    assert res.exit_code == 0, res.output
+    assert "what would unblock it:" in res.output
