@@ -330,6 +330,15 @@ class Kubelet:
                         },
                     )
 
+    def running_somewhere(self) -> bool:
+        """Whether a Headway pod runs (or is bound) on a node now."""
+        return any(
+            _ns(p) == NAMESPACE
+            and (p.get("spec") or {}).get("nodeName") in self.nodes
+            and _phase(p) not in ("Succeeded", "Failed")
+            for p in self.kube.live("pods")
+        )
+
     async def lose_node(self) -> str | None:
         """The node running the most Headway pods goes away with its pods, the way the
         fake cluster loses one (``FakeKube.lose_node``: the pod GC marks them and deletes

@@ -82,6 +82,8 @@ class RunConfig:
     backend_args: Callable[[str, Path], list[str]] | None = None
     #: The workload and the faults, from the seed's generator (default: the sim run's).
     plan: Callable[[random.Random, list[str]], tuple[list[Planned], list[Fault]]] | None = None
+    #: Called before a fault's target is killed (to wait for the moment the fault needs).
+    before: Callable[[Fault], Awaitable[None]] | None = None
     #: Called while a fault's target is down (a node lost meanwhile, ...).
     while_down: Callable[[Fault], Awaitable[None]] | None = None
     #: Whether every action should succeed (nothing in the run should fail one).
@@ -292,6 +294,8 @@ class _Run:
     async def inject(self, faults: list[Fault], t0: float) -> None:
         for f in faults:
             await asyncio.sleep(max(0.0, t0 + f.at_s - time.time()))
+            if self.cfg.before is not None:
+                await self.cfg.before(f)
             self.restarting.add(f.target)
             try:
                 await asyncio.to_thread(self.sup.kill9, f.target)

@@ -97,6 +97,17 @@ async def test_kubernetes_worker_restart_while_a_node_and_its_pods_disappear(
             await asyncio.sleep(after_s)
             await kubelet.add_node(node)
 
+        async def before(f: Fault) -> None:
+            # The node is lost while its worker is down: kill the worker once something
+            # runs (a gang whose creation the kill cuts short is held by its scheduling
+            # gate until the worker is back, so nothing might run in the whole outage).
+            if f.kind != "lose-node":
+                return
+            for _ in range(300):
+                if kubelet.running_somewhere():
+                    return
+                await asyncio.sleep(0.1)
+
         async def while_down(f: Fault) -> None:
             if f.kind != "lose-node":
                 return
@@ -128,6 +139,7 @@ async def test_kubernetes_worker_restart_while_a_node_and_its_pods_disappear(
                         NAMESPACE,
                     ],
                     plan=plan,
+                    before=before,
                     while_down=while_down,
                     expect_success=False,
                     judge=lambda r: _victim_findings(r, kubelet.victims) + _leftover(kube),
