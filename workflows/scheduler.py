@@ -278,17 +278,10 @@ class SchedulerWorkflow:
         if not workflow.patched("registered-clusters-only"):
             self._capacity_report_v0(report)
             return
-        if report.cluster not in self._cluster_names():
-            if not self._fleet_known:
-                self._early_reports[report.cluster] = report
-            else:
-                self._ignore_report(report, "the cluster is not in the tenant's fleet")
+        if report.cluster not in self._cluster_names() and not self._fleet_known:
+            self._early_reports[report.cluster] = report
             return
-        stale = self._stale(report)
-        if stale:
-            self._ignore_report(report, stale)
-            return
-        self._apply_report(report)
+        self._take_report(report, None)
 
     def _history_moved_on(self, seen: int) -> None:
         """A signal or an update came (it comes first in a new workflow task), or a timer
@@ -296,8 +289,9 @@ class SchedulerWorkflow:
         that took them completed, so their results are in the history."""
         self._durable_sync = max(self._durable_sync, seen)
 
-    def _take_report(self, report: CapacityReport, heard_at: float) -> None:
-        """A report, taken by the loop (serial runs: the fleet is known by then)."""
+    def _take_report(self, report: CapacityReport, heard_at: float | None) -> None:
+        """A report of a known fleet (serial runs: taken by the loop, heard at
+        ``heard_at``; else now)."""
         if report.cluster not in self._cluster_names():
             self._ignore_report(report, "the cluster is not in the tenant's fleet")
             return
@@ -826,16 +820,7 @@ class SchedulerWorkflow:
             self._take_inbox()
             if self._door_pushed < self._door_gen:
                 await self._put_door()
-        self._loop.nudged = sorted(self._nudged)
-        self._loop.more = sorted(self._more)
-        workflow.continue_as_new(
-            SchedulerInput(
-                tenant=inp.tenant,
-                fleet=self._fleet,
-                carried=self.carried_state(),
-                max_history=self._max_history,
-            )
-        )
+        self._continue(inp)
 
     def _schedule(self, now: float) -> list[Admitted]:
         """The pass, kept from stopping the shard for good when it raises (a bug).
@@ -1207,6 +1192,10 @@ class SchedulerWorkflow:
         await workflow.wait_condition(
             lambda: self._inflight == 0 and workflow.all_handlers_finished()
         )
+        self._continue(inp)
+
+    def _continue(self, inp: SchedulerInput) -> None:
+        """Continue as new, carrying the state (see ``carried_state``)."""
         self._loop.nudged = sorted(self._nudged)
         self._loop.more = sorted(self._more)
         workflow.continue_as_new(

@@ -732,12 +732,11 @@ class KubernetesBackend:
     ) -> None:
         name = body["metadata"]["name"]
         action = body["metadata"]["annotations"][ACTION_ANNOTATION]
-        for _ in range(2):
+
+        def note(event: str) -> None:
             if self._pod_log is not None:
-                # The intent first: a kill between the call and the "created" line below
-                # must not leave a pod the log never heard of.
                 self._pod_log.append(
-                    "creating",
+                    event,
                     t=self.clock(),
                     action=action,
                     pod=name,
@@ -745,22 +744,18 @@ class KubernetesBackend:
                     spec=spec,
                     dispatch=dispatch,
                 )
+
+        for _ in range(2):
+            # The intent first: a kill between the call and the "created" line must not
+            # leave a pod the log never heard of.
+            note("creating")
             try:
                 await asyncio.to_thread(self.api.create_namespaced_pod, ns, _any(body))
             except ApiException as exc:
                 if exc.status != 409:
                     raise
             else:
-                if self._pod_log is not None:
-                    self._pod_log.append(
-                        "created",
-                        t=self.clock(),
-                        action=action,
-                        pod=name,
-                        node=None,
-                        spec=spec,
-                        dispatch=dispatch,
-                    )
+                note("created")
                 return
             existing = await self._read_pod(ns, name)
             theirs = _dispatch_of(existing) if existing is not None else ""

@@ -18,7 +18,7 @@ import pytest
 from headway.activities.backends.base import DISPATCH_ANNOTATION
 from headway.activities.backends.kubernetes import GANG_GATE, build_pods
 from headway.activities.cluster import POD_LOST, ClusterActivities, PriorAttempt
-from headway.protocol import ActionEvent, GangKind, PodSpec
+from headway.protocol import ActionEvent, DispatchRequest, GangKind, PodSpec
 from headway.protocol import ActionEventKind as K
 from headway.scheduler.model import ClusterSpec, NodeGroup
 from headway.scheduler.resources import Pod
@@ -280,15 +280,23 @@ async def test_kubernetes_restarted_worker_never_recreates(
         await second.close()
 
 
+def gang_of_two(action_id: str) -> DispatchRequest:
+    req = request(
+        action_id,
+        [PodSpec(role="worker", index=i, cpu_m=500) for i in range(2)],
+        kind=GangKind.REPLICAS,
+    )
+    req.namespace = NS
+    return req
+
+
 async def test_kubernetes_gang_cut_short_by_a_crash_is_completed_while_held(
     kube: FakeKube, api_client: k8s.ApiClient
 ) -> None:
     """Attempt 1 created the first pod of a gang and died before the second (and before
     any heartbeat). The gang's pods are held by a scheduling gate until every one exists,
     so nothing of it can have run: the retry creates the second, once, and releases both."""
-    gang = [PodSpec(role="worker", index=i, cpu_m=500) for i in range(2)]
-    req = request("held", gang, kind=GangKind.REPLICAS)
-    req.namespace = NS
+    req = gang_of_two("held")
     first = build_pods(req, NS, dispatch=DISPATCH_1)[0]
     assert first["spec"]["schedulingGates"] == [{"name": GANG_GATE}]
     await post_pod(kube, first)
@@ -317,9 +325,7 @@ async def test_kubernetes_gang_whose_release_a_crash_cut_short_is_released_whole
 ) -> None:
     """Attempt 1 created the whole gang, released its first pod and died: the retry
     releases the rest (a gang held in part for ever would never finish)."""
-    gang = [PodSpec(role="worker", index=i, cpu_m=500) for i in range(2)]
-    req = request("part", gang, kind=GangKind.REPLICAS)
-    req.namespace = NS
+    req = gang_of_two("part")
     first, second = build_pods(req, NS, dispatch=DISPATCH_1)
     del first["spec"]["schedulingGates"]
     await post_pod(kube, first)
@@ -345,9 +351,7 @@ async def test_kubernetes_released_gang_missing_a_member_reports_it_lost(
 ) -> None:
     """A gang released (every pod existed) that is missing a member on retry: that member
     may have run, so it is not created; the gang ends PodLost and the rest is torn down."""
-    gang = [PodSpec(role="worker", index=i, cpu_m=500) for i in range(2)]
-    req = request("half", gang, kind=GangKind.REPLICAS)
-    req.namespace = NS
+    req = gang_of_two("half")
     first = build_pods(req, NS, dispatch=DISPATCH_1)[0]
     del first["spec"]["schedulingGates"]
     await post_pod(kube, first)
