@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -262,7 +263,7 @@ async def run_cluster_worker(
     stop = stop or asyncio.Event()
     me = incarnation or Incarnation()
     backend.incarnation = me.id
-    log.info("cluster worker %s: incarnation %s", cluster, me.id)
+    log.info("cluster worker %s: incarnation %s (pid %d)", cluster, me.id, os.getpid())
     await backend.start()
     try:
         acts = ClusterActivities(backend, client, heartbeat_s=heartbeat_s)

@@ -236,7 +236,10 @@ class PodLog:
                     self._seen.add((dispatch, pod, event))
                     if event == "ended":
                         self._unended.pop((dispatch, pod), None)
-                    else:
+                    elif event != "creating":
+                        # (An intent alone is no pod: its create call may never have
+                        # reached the API server. One that did is seen, and logged, by
+                        # whoever watches next.)
                         self._unended[(dispatch, pod)] = line
         if tail and not tail.endswith(b"\n"):
             # Start a fresh line after a partial one, so the next line parses.

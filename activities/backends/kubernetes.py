@@ -14,10 +14,12 @@ informer owns a thread that hands what it sees to the event loop.
 Exactly once: every pod carries the dispatch that created it (``headway.io/dispatch``:
 the ``run_action`` activity, all of its attempts). A retried attempt asks the API server
 (a LIST, not the informer's picture) which of its dispatch's pods exist and creates
-nothing (``adopt_only``); what is missing was lost, and the activity reports it. A pod
+nothing (``adopt_only``); what is missing was lost, and the activity reports it, but for
+a gang still held by its scheduling gate (``GANG_GATE``), which it completes. A pod
 of the same name left by an earlier dispatch of the action is deleted and created anew.
 The pod log (``HEADWAY_POD_LOG``, format in ``headway.activities.backends.base``) gets
-"created" when this backend's POST created a pod, and "bound"/"ended" when the informer
+"creating" before this backend's POST of a pod (the intent: the call may not reach the
+API server), "created" when the POST created it, and "bound"/"ended" when the informer
 sees a pod take a node or stop holding it (finished, or deleted).
 """
 
@@ -27,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -632,6 +635,8 @@ class KubernetesBackend:
                 self._api_client = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
                     config_file=self._kubeconfig, context=self._context
                 )
+            # Who wrote what, in the API server's audit log: this process.
+            self._api_client.user_agent = f"headway-cluster-worker/{os.getpid()}"
         return k8s.CoreV1Api(self._api_client)
 
     @property

@@ -82,6 +82,9 @@ class FakeKube(kmock.KubernetesEmulator):
     watches_served: int = 0
     #: plural -> how many of the next DELETEs of that resource fail with a 500.
     failing_deletes: dict[str, int] = attrs.field(factory=dict)
+    #: Every write request, as a line (time, verb, resource, namespace/name, outcome),
+    #: for a test to keep beside its findings: who deleted what, and when.
+    writes: list[str] = attrs.field(factory=list)
 
     # --- test controls --------------------------------------------------------------
 
@@ -209,6 +212,12 @@ class FakeKube(kmock.KubernetesEmulator):
             name = meta.get("name")
             namespace = meta.get("namespace")
         response = await super()._handle(request)
+        if kind is not None and res is not None:
+            peer = request.headers.get("User-Agent", "")
+            self.writes.append(
+                f"{time.time():.3f} {kind} {res.plural} {namespace}/{name}"
+                f" -> {response.status} {peer}".rstrip()
+            )
         if kind is not None and res is not None and response.status < 300:
             obj = self._find(res.plural or "", namespace, name)
             if obj is not None:

@@ -94,6 +94,23 @@ def test_a_line_has_every_field_and_is_written_once(tmp_path):
     assert len(lines(path)) == 2
 
 
+def test_an_intent_alone_is_no_pod_a_later_incarnation_ends(tmp_path):
+    """A worker killed between "creating" and its POST reaching the API server left no
+    pod: the next incarnation must not log one ended (the audit would count it run)."""
+    path = tmp_path / "pods.jsonl"
+    log = PodLog(str(path), "c1")
+    common: dict[str, Any] = {"action": "a", "node": None, "spec": SPEC, "dispatch": "d"}
+    assert log.append("creating", t=1.0, pod="p0", **common)
+    assert log.append("creating", t=1.1, pod="p1", **common)
+    assert log.append("created", t=1.2, pod="p1", **common)
+    log.close()
+    again = PodLog(str(path), "c1")
+    again.open()
+    assert [x["pod"] for x in again.unended_before()] == ["p1"]
+    assert again.end_vanished(2.0, lambda _dispatch, _pod: False) == 1
+    assert [(x["pod"], x["event"]) for x in lines(path)][-1] == ("p1", "ended")
+
+
 def test_a_line_torn_by_a_kill_does_not_swallow_the_next(tmp_path):
     path = tmp_path / "pods.jsonl"
     whole = json.dumps({"cluster": "c1", "pod": "p0", "event": "created", "dispatch": "d"})

@@ -156,6 +156,8 @@ async def test_kubernetes_worker_restart_while_a_node_and_its_pods_disappear(
             kube.drop_watches()
     findings = result.findings
     (tmp_path / "kubelet.log").write_text("\n".join(kubelet.log + kubelet.errors) + "\n")
+    # Every write the fake API server took, for a finding to be traced to its writer.
+    (tmp_path / "api-writes.log").write_text("\n".join(kube.writes) + "\n")
     head = f"kube fault run, seed {seed} (replay: HEADWAY_FAULT_SEED={seed}); {result.summary()}"
     print(f"{head}; node lost: {lost}, its actions: {sorted(kubelet.victims)}")
     assert not kubelet.errors, f"{head}: the fake kubelet failed: {kubelet.errors[:5]}"
