@@ -1219,13 +1219,13 @@ class LeaseStore:
                 (SyncRow.tenant == tenant) & (SyncRow.token == token)
             )
         ).first()
+        prior = self._claimed_by(conn, tenant, token)
         if row is None:
             # Committed before sync answers were kept (or never): the claims tell.
-            prior = self._claimed_by(conn, tenant, token)
             if prior is not None:
                 prior.more = self._pending_queues(conn, tenant)
             return prior
-        prior = self._claimed_by(conn, tenant, token) or SyncResult()
+        prior = prior or SyncResult()
         prior.more, prior.more_done = json.loads(row.more), bool(row.more_done)
         return prior
 

@@ -190,9 +190,9 @@ class SchedulerWorkflow:
         # between stay in the store (``SyncInput.keep_claims``, issue #20).
         self._seen_sync = 0
         self._durable_sync = 0
-        self._last_sync_at = workflow.now().timestamp()
         # The loop's clock: read where the loop wakes (serial runs).
         self._now = workflow.now().timestamp()
+        self._last_sync_at = self._now
         self._nudged: set[str] = set()
         self._more: set[str] = set()
         self._out_admit: list[AdmitItem] = []
@@ -474,8 +474,8 @@ class SchedulerWorkflow:
         return result
 
     async def _put_door(self, remote: bool = False) -> None:
-        """Serial runs: the loop puts the door's settings as they are now into the store
-        (``remote``: by a regular activity, whose completion is a wake replays share)."""
+        """Put the door's settings as they are now into the store (``remote``: by a
+        regular activity, whose completion is a wake replays share)."""
         at = self._door_gen
         await _activity(
             SET_DOOR_ACTIVITY, self._door_input(), type(None), local=not remote, timeout_s=30
@@ -508,14 +508,7 @@ class SchedulerWorkflow:
         async with self._door_lock:
             if self._door_pushed >= want:
                 return  # a push that started after this change carried it
-            at = self._door_gen
-            await workflow.execute_local_activity(
-                SET_DOOR_ACTIVITY,
-                self._door_input(),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_RETRY,
-            )
-            self._door_pushed = at
+            await self._put_door()
 
     # --- queries ----------------------------------------------------------------------
 
