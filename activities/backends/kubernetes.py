@@ -17,6 +17,14 @@ the ``run_action`` activity, all of its attempts). A retried attempt asks the AP
 nothing (``adopt_only``); what is missing was lost, and the activity reports it, but for
 a gang still held by its scheduling gate (``GANG_GATE``), which it completes. A pod
 of the same name left by an earlier dispatch of the action is deleted and created anew.
+Every pod carries the finalizer ``FINALIZER``, so the API server keeps it, marked for
+deletion, when someone else deletes it (a lost node's pod GC, a preemption, ``kubectl
+delete``) until Headway lifts the finalizer: only once the pod's outcome is recorded (the
+cleanup of an ended action, the garbage collection of a closed workflow). Without it a
+pod created by a worker killed before its first heartbeat, then deleted with its node
+before a retry, would leave no trace, and the retry would run the work a second time (the
+Job controller tracks its pods with a finalizer for the same reason). A pod marked for
+deletion has ended: ``PodLost`` (``NodeLost`` when its node is gone), unless it finished.
 The pod log (``HEADWAY_POD_LOG``, format in ``headway.activities.backends.base``) gets
 "creating" before this backend's POST of a pod (the intent: the call may not reach the
 API server), "created" when the POST created it, and "bound"/"ended" when the informer
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -104,6 +113,11 @@ _FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 def service_name(action_id: str) -> str:
     """The headless Service giving a gang's pods stable DNS names."""
     return sanitize_dns1123(f"hw-{action_id}")
+
+
+#: Keeps a Headway pod on the API server, marked for deletion, until its outcome is
+#: recorded: the pod is the record that its dispatch created it.
+FINALIZER = "headway.io/dispatch"
 
 
 def _resources(spec: PodSpec) -> dict[str, str]:
@@ -226,6 +240,7 @@ def build_pods(
                         ROLE_LABEL: label_value(p.role),
                     },
                     "annotations": annotations,
+                    "finalizers": [FINALIZER],
                 },
                 "spec": spec,
             }
@@ -309,6 +324,10 @@ def translate_pod(
 
     if phase == "Succeeded":
         return _K.SUCCEEDED, 0, "Completed"
+    if _deleted_before_it_ended(pod):
+        if node_gone:
+            return _K.NODE_LOST, None, "node lost"
+        return _K.POD_LOST, None, "PodLost: the pod was deleted before it ended"
     if phase == "Failed":
         code: int | None = None
         why = reason or "Failed"
@@ -328,6 +347,35 @@ def translate_pod(
         if scheduled.get("reason") == "Unschedulable":
             return _K.UNSCHEDULABLE, None, scheduled.get("message") or "Unschedulable"
     return None
+
+
+def _deleted_before_it_ended(pod: dict[str, Any]) -> bool:
+    """Marked for deletion while it ran (or was killed by the deletion): not finished,
+    or Failed with every container terminated at or after the deletion was asked for
+    (a Failed pod whose times are not all known keeps its own failure)."""
+    deleted = _time((pod.get("metadata") or {}).get("deletionTimestamp"))
+    if deleted is None:
+        return False
+    status = pod.get("status") or {}
+    if status.get("phase") != "Failed":
+        return True
+    finished = [
+        _time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+        for cs in status.get("containerStatuses") or []
+    ]
+    known = [t for t in finished if t is not None]
+    return bool(finished) and len(known) == len(finished) and max(known) >= deleted
+
+
+def _time(value: Any) -> datetime.datetime | None:
+    """An RFC 3339 time as the API serves it; None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        t = datetime.datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else t.replace(tzinfo=datetime.UTC)
 
 
 def _quantity(value: Any, parse: Callable[[Any, str], int], what: str) -> int:
@@ -777,9 +825,7 @@ class KubernetesBackend:
                     "pod %s belongs to dispatch %s, not %s: replacing", name, theirs, dispatch
                 )
                 with contextlib.suppress(ApiException):
-                    await asyncio.to_thread(
-                        self.api.delete_namespaced_pod, name, ns, grace_period_seconds=0
-                    )
+                    await self._remove_pod(ns, existing)
                 await self._wait_gone(ns, name)
         raise RuntimeError(f"pod {ns}/{name}: a stale pod of another dispatch keeps coming back")
 
@@ -865,11 +911,8 @@ class KubernetesBackend:
         deleted = 0
         failure: ApiException | None = None
         for pod in items:
-            name = pod["metadata"]["name"]
             try:
-                await asyncio.to_thread(
-                    self.api.delete_namespaced_pod, name, ns, grace_period_seconds=0
-                )
+                await self._remove_pod(ns, pod)
                 deleted += 1
             except ApiException as exc:
                 if exc.status != 404:
@@ -882,6 +925,47 @@ class KubernetesBackend:
         if failure is not None:
             raise failure
         return deleted
+
+    async def _remove_pod(self, ns: str, pod: dict[str, Any]) -> None:
+        """Delete the pod (it stops at once) and lift Headway's finalizer (it goes).
+
+        The deletion first: a kill between the two leaves the pod marked for deletion,
+        which the garbage collection finishes; never a running pod without its record.
+        """
+        name = pod["metadata"]["name"]
+        if not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            try:
+                await asyncio.to_thread(
+                    self.api.delete_namespaced_pod, name, ns, grace_period_seconds=0
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise
+        for _ in range(3):
+            finalizers = list((pod.get("metadata") or {}).get("finalizers") or [])
+            if FINALIZER not in finalizers:
+                return
+            i = finalizers.index(FINALIZER)
+            # A JSON patch with a test: only Headway's own finalizer goes, whatever
+            # another controller added meanwhile (a failed test reads the pod again).
+            patch = [
+                {"op": "test", "path": f"/metadata/finalizers/{i}", "value": FINALIZER},
+                {"op": "remove", "path": f"/metadata/finalizers/{i}"},
+            ]
+            try:
+                await asyncio.to_thread(self.api.patch_namespaced_pod, name, ns, patch)
+                return
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                if exc.status not in (409, 422, 500):
+                    raise
+            fresh = await self._read_pod(ns, name)
+            if fresh is None:
+                return
+            pod = fresh
+        raise RuntimeError(f"pod {ns}/{name}: its finalizer could not be lifted")
 
     async def _list_action_pods(self, action_id: str, ns: str | None) -> list[dict[str, Any]]:
         """The action's pods as the API server has them now (not the informer's copy)."""
@@ -918,11 +1002,13 @@ class KubernetesBackend:
 
     async def live_pods(self, action_id: str, dispatch: str = "") -> dict[str, str | None]:
         """The action's pods that exist (name -> node), from a LIST; ``dispatch``'s only
-        when given (pods created before dispatches were recorded count as its own)."""
+        when given (pods created before dispatches were recorded count as its own). A pod
+        marked for deletion is not live: it is kept only as the record of its end."""
         return {
             pod["metadata"]["name"]: (pod.get("spec") or {}).get("nodeName")
             for pod in await self._list_action_pods(action_id, self.namespace)
-            if not dispatch or _dispatch_of(pod) in ("", dispatch)
+            if (not dispatch or _dispatch_of(pod) in ("", dispatch))
+            and not pod["metadata"].get("deletionTimestamp")
         }
 
     async def node_exists(self, node: str) -> bool | None:
@@ -981,6 +1067,8 @@ class KubernetesBackend:
         action = _action_of(pod)
         if action is None or _uid(pod) in self._stale_uids:
             return
+        if action in self._deleting and (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return  # Headway's own deletion (an ended or cancelled action): nothing to say
         state = translate_pod(pod, node_gone=node_gone)
         if state is None:
             return

@@ -5,7 +5,8 @@ leaves a created object's namespace empty, has no resourceVersion, ignores label
 selectors and ``timeoutSeconds``, and cannot expire a watch. The subclass below adds just
 that: a global resourceVersion stamped on every change, an event log that watches replay
 from a given resourceVersion (410 Gone once it has been compacted away), selectors,
-server-side watch timeouts with bookmarks, and 403 for resources a test forbids. For
+server-side watch timeouts with bookmarks, 403 for resources a test forbids, and
+finalizers as watchers see them (a DELETE marks, the last finalizer's removal deletes). For
 fault tests it can fail the next deletes of a resource with a 500, and lose a node the
 way a cluster does (:meth:`FakeKube.lose_node`: the pod garbage collector marks the
 node's pods and deletes them, then the node goes).
@@ -221,8 +222,15 @@ class FakeKube(kmock.KubernetesEmulator):
         if kind is not None and res is not None and response.status < 300:
             obj = self._find(res.plural or "", namespace, name)
             if obj is not None:
+                # What watchers see is what happened to the object, not what was asked:
+                # a DELETE of an object with finalizers only marks it (MODIFIED), and
+                # the PATCH that lifts its last finalizer removes it (DELETED).
                 raw = obj.last.raw if obj.deleted else obj.raw
-                self._record(res.plural or "", kind, raw)
+                self._record(
+                    res.plural or "",
+                    "DELETED" if obj.deleted else "MODIFIED" if kind == "DELETED" else kind,
+                    raw,
+                )
         return response
 
     def _visible(self, request: rendering.Request, obj: dict[str, Any]) -> bool:

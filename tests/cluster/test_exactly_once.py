@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from headway.activities.backends.base import DISPATCH_ANNOTATION
-from headway.activities.backends.kubernetes import GANG_GATE, build_pods
+from headway.activities.backends.kubernetes import FINALIZER, GANG_GATE, build_pods
 from headway.activities.cluster import POD_LOST, ClusterActivities, PriorAttempt
 from headway.protocol import ActionEvent, DispatchRequest, GangKind, PodSpec
 from headway.protocol import ActionEventKind as K
@@ -225,10 +225,10 @@ async def wait_for_pods(kube: FakeKube, n: int) -> list[str]:
     ("fault", "kind", "message"),
     [
         ("none", K.SUCCEEDED, "Completed"),
-        ("pod-deleted", POD_LOST, "PodLost: pod hw-k1-main-0, created by an earlier attempt"),
-        # The pod GC marked the pod before deleting it: the retry reads that as NodeLost
-        # even before it asks whether the node exists.
-        ("node-lost", K.NODE_LOST, "node n1 is gone, and with it pod hw-k1-main-0"),
+        # Deleted by someone else: its finalizer keeps it, marked, for the retry to read.
+        ("pod-deleted", POD_LOST, "PodLost: the pod was deleted before it ended"),
+        # The pod GC marked the pod before deleting it: the retry reads that as NodeLost.
+        ("node-lost", K.NODE_LOST, "PodGC: node n1 no longer exists"),
     ],
 )
 async def test_kubernetes_restarted_worker_never_recreates(
@@ -259,7 +259,9 @@ async def test_kubernetes_restarted_worker_never_recreates(
             assert resp.status == 200
     elif fault == "node-lost":
         assert await kube.lose_node("n1") == [pod]
-    assert len(kube.live("pods")) == (1 if fault == "none" else 0)
+    # Kept by its finalizer, marked for deletion, until its outcome is recorded.
+    (kept,) = kube.live("pods")
+    assert bool(kept["metadata"].get("deletionTimestamp")) is (fault != "none")
 
     second = await backend(api_client)
     try:
@@ -400,5 +402,63 @@ async def test_kubernetes_new_dispatch_replaces_a_stale_pod(
         await patch_pod(kube, "hw-stale-main-0", {"status": {"phase": "Succeeded"}})
         result = await asyncio.wait_for(task, 5)
         assert result.kind is K.SUCCEEDED
+    finally:
+        await b.close()
+
+
+async def test_kubernetes_retry_after_a_kill_before_the_first_heartbeat_never_recreates(
+    kube: FakeKube, api_client: k8s.ApiClient
+) -> None:
+    """Attempt 1 created the pod and died before any heartbeat reached Temporal; the pod
+    then went with its node while no worker ran (Kubernetes fault seeds 107 and 109).
+    Nothing but the pod can say it was created: its finalizer keeps it, marked by the
+    pod GC, so the retry reports the loss instead of running the work again."""
+    await add_node(kube, "n1", cpu="8", memory="32Gi")
+    req = request("gap")
+    req.namespace = NS
+    first = await backend(api_client)
+    try:
+        await first.create_pods(req, dispatch=DISPATCH_1)
+        (pod,) = await wait_for_pods(kube, 1)
+        await patch_pod(kube, pod, SCHEDULED)
+    finally:
+        await first.close()
+    assert await kube.lose_node("n1") == [pod]
+
+    second = await backend(api_client)
+    try:
+        posts = pod_posts(kube)
+        acts = ClusterActivities(second, signaler=Recorder(), heartbeat_s=0.05)
+        result = await asyncio.wait_for(attempt_env(2).run(acts.run_action, req), 10)
+        assert (result.kind, result.pod, result.node) == (K.NODE_LOST, pod, "n1"), result
+        assert pod_posts(kube) == posts, "the retry created nothing"
+        assert kube.live("pods") == [], "the finalizer lifted once the outcome was told"
+    finally:
+        await second.close()
+
+
+async def test_kubernetes_pod_deleted_under_a_watching_worker_is_lost_and_kept_until_told(
+    kube: FakeKube, api_client: k8s.ApiClient
+) -> None:
+    """``kubectl delete`` of a running pod: reported PodLost at once (an infrastructure
+    loss, not the user's code failing), the pod kept by its finalizer until then."""
+    await add_node(kube, "n1", cpu="8", memory="32Gi")
+    req = request("del")
+    req.namespace = NS
+    b = await backend(api_client)
+    try:
+        rec = Recorder()
+        acts = ClusterActivities(b, signaler=rec, heartbeat_s=0.05)
+        task = asyncio.create_task(attempt_env(1).run(acts.run_action, req))
+        (pod,) = await wait_for_pods(kube, 1)
+        assert kube.live("pods")[0]["metadata"]["finalizers"] == [FINALIZER]
+        await patch_pod(kube, pod, SCHEDULED)
+        await patch_pod(kube, pod, RUNNING)
+        await rec.wait_for(K.RUNNING)
+        async with kube.delete(f"/api/v1/namespaces/{NS}/pods/{pod}") as resp:
+            assert resp.status == 200
+        result = await asyncio.wait_for(task, 10)
+        assert result.kind is POD_LOST and result.message.startswith("PodLost: the pod was")
+        assert kube.live("pods") == []
     finally:
         await b.close()

@@ -408,3 +408,45 @@ def test_translate_pod_edge_cases():
     # A finished pod stays finished even if its node is gone later.
     done = {"status": {"phase": "Succeeded"}}
     assert translate_pod(done, node_gone=True) == (K.SUCCEEDED, 0, "Completed")
+
+
+def _failed_at(finished: str | None, deleted: str | None) -> dict[str, Any]:
+    term: dict[str, Any] = {"reason": "Error", "exitCode": 137}
+    if finished is not None:
+        term["finishedAt"] = finished
+    meta = {"deletionTimestamp": deleted} if deleted else {}
+    return {
+        "metadata": meta,
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [{"name": "main", "state": {"terminated": term}}],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("pod", "kind"),
+    [
+        ({"metadata": {"deletionTimestamp": "2026-12-03T10:00:00Z"}}, K.POD_LOST),
+        # Killed by its deletion (the kubelet's SIGKILL after the deletion was asked).
+        (_failed_at("2026-12-03T10:00:02Z", "2026-12-03T10:00:00Z"), K.POD_LOST),
+        (_failed_at("2026-12-03T10:00:00.5+00:00", "2026-12-03T10:00:00Z"), K.POD_LOST),
+        # It failed on its own, then was deleted: its own failure.
+        (_failed_at("2026-12-03T09:59:00Z", "2026-12-03T10:00:00Z"), K.FAILED),
+        (_failed_at(None, "2026-12-03T10:00:00Z"), K.FAILED),
+        (_failed_at("2026-12-03T10:00:02Z", None), K.FAILED),
+        ({"metadata": {"deletionTimestamp": "x"}, "status": {"phase": "Succeeded"}}, K.SUCCEEDED),
+    ],
+    ids=[
+        "marked-while-running",
+        "killed-by-the-deletion",
+        "killed-by-the-deletion-fractional-times",
+        "failed-before-the-deletion",
+        "failed-time-unknown",
+        "failed-never-deleted",
+        "succeeded-then-deleted",
+    ],
+)
+def test_a_pod_deleted_before_it_ended_is_lost_not_failed(pod: dict[str, Any], kind: K) -> None:
+    state = translate_pod(pod)
+    assert state is not None and state[0] is kind, state

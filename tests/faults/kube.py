@@ -11,6 +11,7 @@ import asyncio
 import bisect
 import contextlib
 import copy
+import datetime
 import random
 import time
 from collections.abc import AsyncIterator
@@ -190,6 +191,29 @@ def kube_plan(
     return planned, faults
 
 
+def _killed() -> dict[str, Any]:
+    """The status a kubelet gives a pod whose containers it killed for its deletion."""
+    now = datetime.datetime.now(tz=datetime.UTC).isoformat()
+    return {
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "imageID": "docker.io/library/busybox@sha256:0",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {
+                        "terminated": {"reason": "Error", "exitCode": 137, "finishedAt": now}
+                    },
+                }
+            ],
+        }
+    }
+
+
 @dataclass
 class _PodState:
     seen: int  # first-seen order: pending pods bind oldest first
@@ -263,6 +287,10 @@ class Kubelet:
             node = (p.get("spec") or {}).get("nodeName")
             phase = _phase(p)
             if phase in ("Succeeded", "Failed"):
+                continue
+            if meta.get("deletionTimestamp"):
+                # Deleted (held by a finalizer): the kubelet kills its containers.
+                self.kube.modify("pods", NAMESPACE, meta["name"], _killed())
                 continue
             if node is None:
                 if (p.get("spec") or {}).get("schedulingGates"):

@@ -75,16 +75,6 @@ def _victim_findings(result: RunResult, victims: dict[str, str]) -> list[Finding
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "issue #20, open: a worker killed between a pod's creation and its first recorded "
-        "heartbeat, whose pod then goes with its node while no worker runs, leaves no trace "
-        "of the creation; the retry creates the pod again (seeds 107 and 109: run-twice). "
-        "Needed: a record in the API server, written before the first create, that the "
-        "dispatch began creating (see the closing note of 2026-12-03)."
-    ),
-)
 async def test_kubernetes_worker_restart_while_a_node_and_its_pods_disappear(
     tmp_path: Path,
 ) -> None:
