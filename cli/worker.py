@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import click
+from headway import protocol
 from headway.activities.fairness import DEFAULT_CONTENDED_RATE
 from headway.worker.gc_tuning import freeze_startup, set_young_threshold
 
@@ -111,6 +112,14 @@ def control_plane(
 
     telemetry.setup("headway-control-plane")
 
+    def ready(tenants: list[str]) -> None:
+        click.echo(
+            f"control-plane worker ready: Temporal {cfg.address} (namespace {cfg.namespace}),"
+            f" task queue {protocol.CONTROL_TASK_QUEUE}, schedulers of"
+            f" {', '.join(tenants) or 'no tenant yet'}",
+            err=True,
+        )
+
     async def body(client: Client, stop: asyncio.Event) -> None:
         # The gauges (waiting by reason, blocked heads, free capacity) come from the
         # schedulers' own queries, polled beside the worker.
@@ -123,6 +132,9 @@ def control_plane(
                 stop=stop,
                 admit_wait_s=admit_wait_s,
                 contended_rate=contended_rate,
+                seed_queues=[q.to_dict() for q in fleet.queues],
+                seed_tenant=cfg.tenant,
+                on_ready=ready,
             )
         finally:
             stop.set()
@@ -217,6 +229,12 @@ def cluster(
         raise click.ClickException(str(exc)) from exc
 
     async def body(client: Client, stop: asyncio.Event) -> None:
+        click.echo(
+            f"cluster worker ready: cluster {name} ({backend}), Temporal {cfg.address}"
+            f" (namespace {cfg.namespace}), task queue {protocol.cluster_task_queue(name)},"
+            f" tenant {cfg.tenant}",
+            err=True,
+        )
         await run_cluster_worker(client, name, impl, tenants=[cfg.tenant], stop=stop)
 
     asyncio.run(_serve(cfg, body))
