@@ -89,6 +89,23 @@ def test_submit_rejects_bad_resources_before_connecting(flag, value, named):
     assert "cannot reach" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--id", "bad id"], "--id: 'bad id' is not a valid id"),
+        (["--id", "x" * 201], "--id: 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' is 201 characters"),
+        (["--run", "r/1"], "--run: 'r/1' is not a valid id"),
+        (["--queue", "Bad_Q"], "--queue: 'Bad_Q' is not a valid name"),
+        (["--tenant", "t:1"], "--tenant: 't:1' is not a valid name"),
+    ],
+)
+def test_submit_rejects_bad_names_before_connecting(args, named):
+    result = invoke("submit", "--cpu", "1", *args)
+    assert result.exit_code == 2, result.output
+    assert named in result.output
+    assert "cannot reach" not in result.output and "Traceback" not in result.output
+
+
 def test_unreachable_server_is_a_clear_error():
     result = invoke("submit", "--queue", "q", "--cpu", "1")
     assert result.exit_code != 0

@@ -70,6 +70,7 @@ class Fake:
     def __init__(self) -> None:
         self.sched = live()
         self.updates: list[tuple[str, dict[str, Any]]] = []
+        self.by: list[Any] = []
         self.cancelled: list[str] = []
         self.down: list[str] = []
 
@@ -110,8 +111,11 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Fake:
     async def get_fleet(client: Any, tenant: str) -> dict[str, Any]:
         return f.fleet()
 
-    async def update_queue(client: Any, tenant: str, name: str, changes: dict[str, Any]) -> Any:
+    async def update_queue(
+        client: Any, tenant: str, name: str, changes: dict[str, Any], *, by: Any = None
+    ) -> Any:
         f.updates.append((name, changes))
+        f.by.append(by)
         return f.sched.update_queue(name, changes).to_dict()
 
     async def why(client: Any, tenant: str, action_id: str) -> dict[str, Any]:
@@ -277,6 +281,8 @@ def test_drain_and_resume_set_the_status(fake: Fake) -> None:
     assert fake.updates[-1] == ("train", {"status": "active"})
     res = run("resume", "queue", "train")
     assert "already active" in res.output and len(fake.updates) == 2
+    # Each change names where it came from, for its audit row.
+    assert [b["source"] for b in fake.by] == ["cli", "cli"] and all(b["who"] for b in fake.by)
     res = run("drain", "queue", "nope")
     assert res.exit_code == 1 and "queue 'nope' does not exist" in res.output
 
