@@ -237,4 +237,29 @@ def cluster(
         )
         await run_cluster_worker(client, name, impl, tenants=[cfg.tenant], stop=stop)
 
+    if backend == "kubernetes":
+        _check_kube_config(kubeconfig, kube_context)
     asyncio.run(_serve(cfg, body))
+
+
+def _check_kube_config(kubeconfig: str | None, context: str | None) -> None:
+    """Fail in one line, before connecting anywhere, when the Kubernetes backend would
+    find no configuration (the backend loads it the same way once it runs)."""
+    from kubernetes import config as kc
+
+    try:
+        if kubeconfig is None and context is None:
+            try:
+                kc.load_incluster_config()  # type: ignore[no-untyped-call]
+            except kc.ConfigException:
+                kc.load_kube_config()  # type: ignore[no-untyped-call]
+        else:
+            kc.new_client_from_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
+    except (kc.ConfigException, OSError) as exc:
+        where = f"--kubeconfig {kubeconfig}" if kubeconfig else "~/.kube/config"
+        raise click.ClickException(
+            f"--backend kubernetes: no usable Kubernetes configuration in {where} and not "
+            f"in a pod ({' '.join(str(exc).split())}); give --kubeconfig FILE [--context "
+            "NAME], or run the worker in the cluster with its service account "
+            "(docker/k8s/cluster-worker.yaml)"
+        ) from None

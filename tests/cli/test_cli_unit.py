@@ -219,3 +219,17 @@ def test_control_plane_worker_rejects_a_bad_setting_before_connecting(option, va
     assert result.exit_code != 0
     assert option in result.output and named in result.output
     assert "cannot reach" not in result.output
+
+
+def test_a_kubernetes_worker_without_a_kubeconfig_fails_in_one_line(tmp_path: Path):
+    missing = tmp_path / "no-kubeconfig"
+    result = invoke(
+        "worker", "cluster", "--name", "gpu-h100", "--backend", "kubernetes",
+        "--kubeconfig", str(missing),
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert (
+        f"--backend kubernetes: no usable Kubernetes configuration in --kubeconfig {missing}"
+        in (result.output)
+    )
+    assert "Traceback" not in result.output and "cannot reach" not in result.output
