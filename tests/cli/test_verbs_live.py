@@ -513,3 +513,130 @@ def test_the_default_queue_is_seeded_and_the_workers_say_they_are_ready(stack: S
     logs = {c.name: c.log.read_text() for c in stack.children}
     assert "control-plane worker ready: Temporal " in logs["control-plane"]
     assert "task queue headway-cluster-gpu-h100" in logs["cluster-gpu-h100"]
+
+
+# --- headway top, under a pseudo-terminal ------------------------------------------------
+
+
+class Terminal:
+    """``headway top`` on a pseudo-terminal of 80x24, its output read into a VT100 screen
+    (pyte), as a user sees it."""
+
+    def __init__(self, argv: list[str]) -> None:
+        import fcntl
+        import os
+        import pty
+        import struct
+        import subprocess
+        import termios
+
+        import pyte
+
+        self.screen = pyte.Screen(80, 24)
+        self.stream = pyte.ByteStream(self.screen)
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "80", "LINES": "24"}
+        self.proc = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
+        )
+        os.close(slave)
+
+    def read(self, timeout_s: float = 0.2) -> None:
+        import os
+        import select
+
+        while select.select([self.master], [], [], timeout_s)[0]:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # the child closed the terminal
+                return
+            if not chunk:
+                return
+            self.stream.feed(chunk)
+            timeout_s = 0.05
+
+    def lines(self) -> list[str]:
+        return [line.rstrip() for line in self.screen.display]
+
+    def wait_for(
+        self, probe: Callable[[list[str]], bool], what: str, timeout_s: float = 30
+    ) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.read()
+            if probe(self.lines()):
+                return
+            if self.proc.poll() is not None:
+                break
+        raise AssertionError(
+            f"timed out waiting for {what}; the screen:\n" + "\n".join(self.lines())
+        )
+
+    def close(self) -> None:
+        import os
+
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
+
+
+def test_top_refreshes_in_place_on_a_terminal(stack: Stack) -> None:
+    import signal
+
+    code, out = hwt(
+        stack, "create", "queue", "topq", "--algorithm", "strict", "--cluster", "gpu-h100"
+    )
+    assert code == 0, out
+    # One node's GPUs taken, then a gang that needs both nodes: it waits, blocking.
+    one = ["--queue", "topq", "--gpu", "H100:8", "--duration", "600", "--estimate", "600"]
+    code, out = hwt(stack, "submit", *one, "--id", "top-1")
+    assert code == 0, out
+    code, out = hwt(stack, "submit", *one, "--replicas", "2", "--id", "top-2")
+    assert code == 0, out
+    argv = _headway("--address", stack.address, "--tenant", CFG_TENANT, "top", "--interval", "0.5")
+    term = Terminal(argv)
+    try:
+
+        def row(lines: list[str], name: str) -> list[str]:
+            return next((ln.split() for ln in lines if ln.startswith(name + " ")), [])
+
+        term.wait_for(lambda s: row(s, "topq")[3:5] == ["1", "1"], "topq: 1 waiting, 1 running")
+        screen = term.lines()
+        assert screen[0].startswith(f"headway top - tenant {CFG_TENANT} at {stack.address}")
+        assert row(screen, "topq")[:5] == ["topq", "medium", "active", "1", "1"]
+        assert "NoClusterCapacity (1)" in " ".join(row(screen, "topq"))
+        assert any(ln.strip().startswith("NoClusterCapacity") for ln in screen)
+        assert any(
+            ln.startswith("  topq: top-2 (gang of 2) NoClusterCapacity, for ") for ln in screen
+        )
+        # The cluster workers report to tenant default only: here the declared fleet.
+        assert row(screen, "gpu-h100")[:3] == ["gpu-h100", "NoReport", "8/16"]
+        assert all(len(ln) <= 80 for ln in screen)
+        # Something changes: the same screen shows it, in place (no second copy below).
+        code, out = hwt(stack, "submit", "--queue", "topq", "--cpu", "1", "--id", "top-3")
+        assert code == 0, out
+        term.wait_for(lambda s: row(s, "topq")[3:4] == ["2"], "topq with 2 waiting")
+        screen = term.lines()
+        assert sum(ln.startswith("headway top - ") for ln in screen) == 1
+        assert sum(ln.startswith("topq ") for ln in screen) == 1
+        # Ctrl-C ends it cleanly.
+        term.proc.send_signal(signal.SIGINT)
+        assert term.proc.wait(timeout=15) == 0
+        term.read()
+        assert "Traceback" not in "\n".join(term.lines())
+    finally:
+        term.close()
+    code, out = hwt(stack, "cancel", "top-1", "top-2", "top-3")
+    assert code == 0, out
+
+
+def test_top_piped_prints_one_screen(stack: Stack) -> None:
+    code, out = hwt(stack, "top")
+    assert code == 0, out
+    fits_80(out)
+    assert out.splitlines()[0].startswith(f"headway top - tenant {CFG_TENANT} at ")
+    assert "Waiting by reason:" in out and "Blocked heads:" in out
+    code, out = hw(stack, "--tenant", "nobody-here", "top")
+    assert code == 1 and "tenant 'nobody-here' has no scheduler" in out, out
