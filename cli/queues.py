@@ -307,15 +307,15 @@ async def _refuse_unknown_clusters(client: Client, tenant: str, clusters: Any, f
 
 #: The head of the YAML ``--edit`` opens: every field with what it accepts.
 _EDIT_HELP = """\
-# Edit queue {name!r} and save; lines starting with '#' are ignored. The name cannot
-# change. Leave a knob empty (null) or 'unlimited' for no limit.
+# Queue {name!r}: edit and save. Lines starting with '#' are ignored; the
+# name cannot change; a knob left empty (null) or 'unlimited' has no limit.
 #   priority:    {priorities}
 #   algorithm:   {algorithms}
 #   status:      {statuses}
-#   run_concurrency, action_concurrency, per_run_concurrency, depth: a count >= 0
+#   run_concurrency, action_concurrency, per_run_concurrency, depth: a count
 #   max_resources: {{cpu: 512 or 500m, memory: 4Ti, gpu: 16 or "H200:16",
 #                  ephemeral_storage: 1Ti}}
-#   clusters:    a list of the fleet's clusters ({clusters}), or null for any
+#   clusters:    null (any healthy one) or a list of: {clusters}
 """
 
 

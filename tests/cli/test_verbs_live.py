@@ -449,6 +449,8 @@ def test_a_failed_edit_reopens_with_its_error_and_is_kept(stack: Stack, tmp_path
     # The YAML lists what each field accepts, and nothing was applied.
     assert "#   priority:    lowest, low, medium, high, critical" in text
     assert "#   algorithm:   strict, greedy, backfill, easy" in text
+    assert "#   clusters:    null (any healthy one) or a list of: cpu, gpu-h100, gpu-h200" in text
+    assert all(len(ln) <= 80 for ln in text.splitlines() if not ln.startswith("# ERROR"))
     code, out = hwt(stack, "get", "queue", "edited", "-o", "json")
     assert code == 0 and json.loads(out)["in_flight"]["depth"]["limit"] == 5, out
     assert [r["change"] for r in history(stack, "queue", "edited")] == ["create"]
