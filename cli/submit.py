@@ -18,7 +18,7 @@ from headway.sdk.client import (
 from headway.sdk.client import Client as HeadwayClient
 
 from ._common import check_id, check_name, settings, ui_url, with_client
-from ._output import emit_structured, output_option
+from ._output import emit_structured, human_details, output_option, wall_times
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -275,9 +275,9 @@ def why(ctx: click.Context, action_id: str, tenant: str | None, output: str) -> 
             if key == "unblock":
                 click.echo("what would unblock it:")
                 for line in value or ["(nothing: it is not blocked)"]:
-                    click.echo(f"  - {line}")
+                    click.echo(f"  - {wall_times(str(line))}")
             elif key == "details":
-                click.echo(f"details: {json.dumps(value, default=str)}")
+                click.echo(f"details: {json.dumps(human_details(value), default=str)}")
             else:
                 click.echo(f"{key}: {value}")
     else:

@@ -866,3 +866,31 @@ def test_why_as_text_says_what_would_unblock_it(fake: Fake) -> None:
     res = run("why", "a1")
     assert res.exit_code == 0, res.output
     assert "what would unblock it:" in res.output
+
+
+def test_why_as_text_shows_kubernetes_units_and_wall_clock_times(
+    fake: Fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+    import time
+
+    at = round(time.time() + 600)
+
+    async def why(client: Any, tenant: str, action_id: str) -> dict[str, Any]:
+        return {
+            "action_id": action_id,
+            "state": "waiting",
+            "reason": "NoClusterCapacity",
+            "details": {"need": {"cpu_m": 8500, "memory": 64 * GiB, "gpu": 8}},
+            "unblock": [f"fits on gpu-h100 at t={at} when running work ends by its estimates"],
+        }
+
+    monkeypatch.setattr(hw, "why", why)
+    res = run("why", "a1")
+    assert res.exit_code == 0, res.output
+    assert 'details: {"need": {"cpu": "8500m", "memory": "64Gi", "gpu": 8}}' in res.output
+    clock = time.strftime("%H:%M:%SZ", time.gmtime(at))
+    assert re.search(rf"fits on gpu-h100 at {clock} \(in (9m5\ds|10m00s)\) when", res.output)
+    # json keeps the numbers as the scheduler gave them.
+    data = json.loads(run("why", "a1", "-o", "json").output)
+    assert data["details"]["need"] == {"cpu_m": 8500, "memory": 64 * GiB, "gpu": 8}
