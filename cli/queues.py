@@ -442,7 +442,7 @@ def get_queues(ctx: click.Context, output: str) -> None:
             e["status"],
             e.get("waiting", "-"),
             e.get("running", "-"),
-            ",".join(e["clusters"]) if e["clusters"] is not None else "any",
+            _clusters_cell(e["clusters"], whole=output == "wide"),
         ]
         if output == "wide":
             conc = "/".join(
@@ -452,6 +452,17 @@ def get_queues(ctx: click.Context, output: str) -> None:
             row += [e.get("runs", "-"), conc, _inf(e["depth"]), quota, e.get("blocked_head")]
         rows.append(row)
     click.echo(render_table(headers, rows))
+
+
+def _clusters_cell(clusters: list[str] | None, whole: bool) -> str:
+    """The selector in a table cell: whole in ``wide``, else the first cluster and how
+    many more once the list passes 20 characters (the table keeps to 80 columns)."""
+    if clusters is None:
+        return "any"
+    joined = ",".join(clusters)
+    if whole or len(joined) <= 20 or len(clusters) == 1:
+        return joined
+    return f"{clusters[0]},+{len(clusters) - 1}"
 
 
 def _inf(value: Any) -> str:

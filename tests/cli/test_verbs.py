@@ -184,6 +184,18 @@ def test_get_queues_fits_80_columns_and_wide_adds_the_limits(fake: Fake) -> None
     assert "cpu=64,gpu=H200:16" in res.output
 
 
+def test_get_queues_shortens_a_long_selector_to_fit_80_columns(fake: Fake) -> None:
+    pinned = ("gpu-h200-eu-west", "gpu-h200-us-east", "cpu")
+    fake.sched.upsert_queue(QueueSpec("pinned", clusters=pinned))
+    res = run("get", "queues")
+    assert res.exit_code == 0, res.output
+    fits_80(res.output)
+    row = next(r for r in res.output.splitlines() if r.startswith("pinned"))
+    assert row.split()[-1] == "gpu-h200-eu-west,+2"
+    res = run("get", "queues", "-o", "wide")
+    assert "gpu-h200-eu-west,gpu-h200-us-east,cpu" in res.output
+
+
 @pytest.mark.parametrize("fmt", [["-o", "json"], ["--json"], ["-o", "yaml"]])
 def test_get_queues_structured(fake: Fake, fmt: list[str]) -> None:
     res = run("get", "queues", *fmt)
