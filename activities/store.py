@@ -48,7 +48,10 @@ from headway.protocol import Admission
 from headway.scheduler.door import QueueDoor
 from headway.scheduler.model import ClusterSpec, QueueStatus, RateLimit
 from headway.store import DONE_CHANNEL, LeaseStore, Nudge, Put, queue_channel
+from headway.store.config import ConfigStore
 from headway.workflows.shared import (
+    CONFIG_ACTIVITY,
+    CONFIG_HISTORY_ACTIVITY,
     FINISH_LEASE_ACTIVITY,
     FLEET_ACTIVITY,
     NUDGE_SIGNAL,
@@ -207,6 +210,7 @@ class StoreActivities:
                 shared with the dispatch activity, which paces other shards meanwhile.
         """
         self.store = store
+        self.config = ConfigStore(store)
         self.client = client
         self.fleet = list(fleet)
         self.waiters = waiters if waiters is not None else AdmissionWaiters()
@@ -335,6 +339,30 @@ class StoreActivities:
             for name, q in inp.queues.items()
         }
         await asyncio.to_thread(self.store.set_door, inp.tenant, rate, queues)
+        if inp.config is not None:
+            await asyncio.to_thread(
+                self.config.save,
+                inp.tenant,
+                inp.config.get("queues") or {},
+                inp.config.get("org"),
+                inp.audit,
+            )
+
+    @activity.defn(name=CONFIG_ACTIVITY)
+    async def load_config(self, tenant: str) -> dict[str, Any]:
+        """The tenant's stored configuration, for its scheduler starting afresh."""
+        return await asyncio.to_thread(self.config.load, tenant)
+
+    @activity.defn(name=CONFIG_HISTORY_ACTIVITY)
+    async def config_history(self, req: dict[str, Any]) -> list[dict[str, Any]]:
+        """The audit trail of a queue (``kind`` "queue") or of the org limits ("org")."""
+        return await asyncio.to_thread(
+            self.config.history,
+            str(req["tenant"]),
+            str(req["kind"]),
+            str(req.get("name") or ""),
+            int(req.get("limit") or 50),
+        )
 
     @activity.defn(name=FINISH_LEASE)
     async def finish_lease(self, inp: FinishLeaseInput) -> bool:

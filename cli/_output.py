@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import textwrap
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,9 +31,11 @@ __all__ = [
     "fmt_cpu",
     "fmt_gpu",
     "fmt_memory",
+    "human_details",
     "output_option",
     "render_table",
     "show",
+    "wall_times",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -242,6 +245,43 @@ def iso(ts: float | None) -> str:
     if ts is None or ts <= 0:
         return "-"
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+_AT_T = re.compile(r"\bat t=(\d{9,})\b")
+
+
+def wall_times(text: str, now: float | None = None) -> str:
+    """A scheduler's ``at t=<unix time>`` (from ``headway.scheduler.insight``) as a wall
+    clock time and how far away it is: ``at 10:42:07Z (in 13m26s)``."""
+    wall = time.time() if now is None else now
+
+    def one(m: re.Match[str]) -> str:
+        t = float(m.group(1))
+        return f"at {time.strftime('%H:%M:%SZ', time.gmtime(t))} (in {duration(t - wall)})"
+
+    return _AT_T.sub(one, text)
+
+
+#: Keys of a reason's details that hold bytes, and the one that holds millicores.
+_BYTES = ("memory", "ephemeral_storage", "eph")
+
+
+def human_details(value: Any) -> Any:
+    """A reason's details with quantities in Kubernetes units (``64Gi``, ``500m``) instead
+    of bytes and millicores, for text output (json and yaml keep the numbers)."""
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if k == "cpu_m" and isinstance(v, int | float) and not isinstance(v, bool):
+                out["cpu"] = fmt_cpu(int(v))
+            elif k in _BYTES and isinstance(v, int) and not isinstance(v, bool):
+                out[k] = fmt_memory(v)
+            else:
+                out[k] = human_details(v)
+        return out
+    if isinstance(value, list | tuple):
+        return [human_details(v) for v in value]
+    return value
 
 
 def runtime_option(f: F) -> F:

@@ -253,6 +253,14 @@ async def wait_ready(
     existing = await fetch_queues(client, tenant)
     for spec in fleet.queues:
         if spec.name not in existing:
-            await hw.upsert_queue(client, tenant, spec.to_dict(), list(fleet.clusters))
+            await hw.upsert_queue(
+                client,
+                tenant,
+                spec.to_dict(),
+                list(fleet.clusters),
+                by=hw.changed_by("fleet", "headway up"),
+            )
     if fleet.org != OrgLimits():
-        await hw.set_org(client, tenant, fleet.org.to_dict())
+        await hw.set_org(
+            client, tenant, fleet.org.to_dict(), by=hw.changed_by("fleet", "headway up")
+        )

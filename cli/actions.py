@@ -30,6 +30,7 @@ from ._output import (
     output_option,
     render_table,
     runtime_option,
+    wall_times,
 )
 from .completion import complete_actions, complete_in_flight, complete_queues
 
@@ -368,7 +369,7 @@ def _render(v: dict[str, Any], max_events: int) -> str:
                     starts = f"~{duration(w['starts_in_s'])}{where} (forecast by estimates)"
                 b.field("Starts in", starts, 2)
             for i, u in enumerate(w.get("unblock") or []):
-                b.field("Unblock" if i == 0 else "", u, 2)
+                b.field("Unblock" if i == 0 else "", wall_times(str(u)), 2)
     b.field("Retries", v["retries"])
     if v["last_failure"]:
         b.field("Last failure", v["last_failure"])

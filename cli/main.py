@@ -18,6 +18,7 @@ from .completion import completion
 from .insight import forecast, what_if
 from .server import server
 from .submit import submit, why
+from .top import top
 from .up import up
 from .worker import worker
 
@@ -87,6 +88,7 @@ for command in (
     resume,
     delete,
     cancel,
+    top,
     submit,
     why,
     forecast,

@@ -34,6 +34,7 @@ from ._output import (
     fmt_cpu,
     fmt_gpu,
     fmt_memory,
+    iso,
     limit,
     output_option,
     render_table,
@@ -168,11 +169,21 @@ async def fetch_queues(client: Client, tenant: str) -> dict[str, dict[str, Any]]
 # --- create / update ---------------------------------------------------------------------
 
 
+_allow_unknown_option = click.option(
+    "--allow-unknown-cluster",
+    is_flag=True,
+    help="Accept --cluster names the tenant's fleet does not have (yet).",
+)
+
+
 @create.command("queue")
 @click.argument("name", shell_complete=complete_queues)
 @_queue_options
+@_allow_unknown_option
 @click.pass_context
-def create_queue(ctx: click.Context, /, name: str, **flags: Any) -> None:
+def create_queue(
+    ctx: click.Context, /, name: str, allow_unknown_cluster: bool, **flags: Any
+) -> None:
     """Create the queue NAME with the policy given by the flags."""
     cfg = settings(ctx)
     check_name(name, "NAME")
@@ -186,7 +197,10 @@ def create_queue(ctx: click.Context, /, name: str, **flags: Any) -> None:
             raise click.ClickException(
                 f"queue {name!r} already exists; change it with `headway update queue {name}`"
             )
-        await hw.upsert_queue(client, cfg.tenant, spec.to_dict())
+        if spec.clusters and not allow_unknown_cluster:
+            await hw.ensure_scheduler(client, cfg.tenant)
+            await _refuse_unknown_clusters(client, cfg.tenant, spec.clusters, "--cluster")
+        await hw.upsert_queue(client, cfg.tenant, spec.to_dict(), by=hw.changed_by("cli"))
 
     with_client(cfg, go)
     click.echo(f"queue {name!r} created")
@@ -196,10 +210,22 @@ def create_queue(ctx: click.Context, /, name: str, **flags: Any) -> None:
 @click.argument("name", shell_complete=complete_queues)
 @_queue_options
 @click.option("--clear-cluster", is_flag=True, help="Let the queue use any healthy cluster.")
-@click.option("--edit", is_flag=True, help="Edit the queue as YAML in $EDITOR.")
+@click.option(
+    "--edit",
+    is_flag=True,
+    help="Edit the queue as YAML in $EDITOR (a failed edit reopens with the error on top;"
+    " closed unchanged, it is kept in a file).",
+)
+@_allow_unknown_option
 @click.pass_context
 def update_queue(
-    ctx: click.Context, /, name: str, clear_cluster: bool, edit: bool, **flags: Any
+    ctx: click.Context,
+    /,
+    name: str,
+    clear_cluster: bool,
+    edit: bool,
+    allow_unknown_cluster: bool,
+    **flags: Any,
 ) -> None:
     """Change the queue NAME live: only the flags given change."""
     cfg = settings(ctx)
@@ -219,17 +245,22 @@ def update_queue(
         entry = _apply_flags(queue_to_entry(old), flags)
         if clear_cluster:
             entry["clusters"] = None
+        known = None
+        if not allow_unknown_cluster:
+            known = await _fleet_clusters(client, cfg.tenant)
         if edit:
-            entry = _edit(entry)
-        new = _checked(entry, from_flags=not edit)
-        if new.name != name:
-            raise click.BadParameter(f"name: a queue cannot be renamed ({name!r} -> {new.name!r})")
+            new = _edit(name, entry, known)
+        else:
+            new = _checked(entry)
+            if known is not None:
+                _unknown_clusters(new.clusters, known, "--cluster")
         before, after = old.to_dict(), new.to_dict()
         # The update takes the changed fields in the file notation (None unsets a knob).
         human = queue_to_entry(new)
         changes = {k: human[k] for k, v in after.items() if k != "name" and before.get(k) != v}
         if changes:
-            await hw.update_queue(client, cfg.tenant, name, changes)
+            source = "cli --edit" if edit else "cli"
+            await hw.update_queue(client, cfg.tenant, name, changes, by=hw.changed_by(source))
         return bool(changes)
 
     changed = with_client(cfg, go)
@@ -241,20 +272,137 @@ def _check_clusters(flags: Mapping[str, Any]) -> None:
         check_name(c, "--cluster")
 
 
-def _edit(entry: dict[str, Any]) -> dict[str, Any]:
-    text = yaml.safe_dump(
+async def _fleet_clusters(client: Client, tenant: str) -> list[str] | None:
+    """The clusters of the tenant's fleet, or None when its scheduler cannot say."""
+    from headway.workflows import client as hw
+    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    try:
+        fleet = await hw.get_fleet(client, tenant)
+    except WorkflowQueryFailedError:
+        return None
+    except RPCError as exc:
+        if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            raise
+        return None
+    return [str(c) for c in fleet.get("clusters") or []] or None
+
+
+def _unknown_clusters(clusters: Any, known: list[str], field: str) -> None:
+    """A usage error naming the clusters not in ``known``, if any."""
+    unknown = [c for c in clusters or () if c not in known]
+    if unknown:
+        raise click.BadParameter(
+            f"{field}: {', '.join(repr(c) for c in unknown)} is not a cluster of the fleet "
+            f"(clusters: {', '.join(known)}); --allow-unknown-cluster accepts it anyway"
+        )
+
+
+async def _refuse_unknown_clusters(client: Client, tenant: str, clusters: Any, field: str) -> None:
+    known = await _fleet_clusters(client, tenant)
+    if known is not None:
+        _unknown_clusters(clusters, known, field)
+
+
+#: The head of the YAML ``--edit`` opens: every field with what it accepts.
+_EDIT_HELP = """\
+# Queue {name!r}: edit and save. Lines starting with '#' are ignored; the
+# name cannot change; a knob left empty (null) or 'unlimited' has no limit.
+#   priority:    {priorities}
+#   algorithm:   {algorithms}
+#   status:      {statuses}
+#   run_concurrency, action_concurrency, per_run_concurrency, depth: a count
+#   max_resources: {{cpu: 512 or 500m, memory: 4Ti, gpu: 16 or "H200:16",
+#                  ephemeral_storage: 1Ti}}
+#   clusters:    null (any healthy one) or a list of: {clusters}
+"""
+
+
+def _edit(name: str, entry: dict[str, Any], known: list[str] | None) -> QueueSpec:
+    """The queue as edited in $EDITOR. A failed edit reopens with the error on top; one
+    closed unchanged after an error is kept in a file the error names."""
+    from headway.scheduler.model import Algorithm, Priority
+
+    head = _EDIT_HELP.format(
+        name=name,
+        priorities=", ".join(p.name for p in Priority),
+        algorithms=", ".join(a.value for a in Algorithm),
+        statuses=", ".join(s.value for s in QueueStatus),
+        clusters=", ".join(known) if known else "any name",
+    )
+    body = yaml.safe_dump(
         {k: entry.get(k) for k in QUEUE_FIELDS}, sort_keys=False, default_flow_style=False
     )
-    edited = click.edit(text, extension=".yaml")
-    if edited is None:  # editor closed without saving
-        return entry
+    text = head + body
+    for _ in range(_EDIT_TRIES):
+        edited = click.edit(text, extension=".yaml")
+        if edited is None or edited == text:  # closed without saving, or unchanged
+            if text.startswith(_ERROR_MARK):
+                path = _keep(edited or text)
+                raise click.ClickException(
+                    f"--edit: not applied ({_first_error(text)}); your edit is kept in {path}"
+                )
+            return _checked(entry, from_flags=False)
+        try:
+            new = _parse_edit(edited, name, known)
+        except click.BadParameter as exc:
+            text = _with_error(edited, exc.message)
+            continue
+        return new
+    raise click.ClickException(
+        f"--edit: not applied after {_EDIT_TRIES} tries ({_first_error(text)}); "
+        f"your edit is kept in {_keep(text)}"
+    )
+
+
+#: Times a failed edit is reopened before it is given up (and kept in a file).
+_EDIT_TRIES = 10
+
+
+_ERROR_MARK = "# ERROR: "
+
+
+def _parse_edit(text: str, name: str, known: list[str] | None) -> QueueSpec:
     try:
-        data = yaml.safe_load(edited)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise click.BadParameter(f"--edit: not valid YAML: {exc}") from None
+        raise click.BadParameter(f"not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
-        raise click.BadParameter("--edit: expected a mapping of queue fields")
-    return data
+        raise click.BadParameter("expected a mapping of queue fields")
+    unknown = sorted(str(k) for k in data if k not in QUEUE_FIELDS)
+    if unknown:
+        raise click.BadParameter(
+            f"{unknown[0]}: not a queue field (fields: {', '.join(QUEUE_FIELDS)})"
+        )
+    data.setdefault("name", name)
+    new = _checked(data, from_flags=False)
+    if new.name != name:
+        raise click.BadParameter(f"name: a queue cannot be renamed ({name!r} -> {new.name!r})")
+    if known is not None:
+        _unknown_clusters(new.clusters, known, "clusters")
+    return new
+
+
+def _with_error(text: str, error: str) -> str:
+    """``text`` with its previous error lines replaced by ``error``."""
+    lines = text.splitlines(keepends=True)
+    while lines and lines[0].startswith(_ERROR_MARK):
+        lines.pop(0)
+    return f"{_ERROR_MARK}{error}\n" + "".join(lines)
+
+
+def _first_error(text: str) -> str:
+    return text.splitlines()[0][len(_ERROR_MARK) :]
+
+
+def _keep(text: str) -> str:
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="headway-edit-", suffix=".yaml")
+    with open(fd, "w") as f:
+        f.write(text)
+    return path
 
 
 # --- get / describe ---------------------------------------------------------------------
@@ -294,7 +442,7 @@ def get_queues(ctx: click.Context, output: str) -> None:
             e["status"],
             e.get("waiting", "-"),
             e.get("running", "-"),
-            ",".join(e["clusters"]) if e["clusters"] is not None else "any",
+            _clusters_cell(e["clusters"], whole=output == "wide"),
         ]
         if output == "wide":
             conc = "/".join(
@@ -304,6 +452,17 @@ def get_queues(ctx: click.Context, output: str) -> None:
             row += [e.get("runs", "-"), conc, _inf(e["depth"]), quota, e.get("blocked_head")]
         rows.append(row)
     click.echo(render_table(headers, rows))
+
+
+def _clusters_cell(clusters: list[str] | None, whole: bool) -> str:
+    """The selector in a table cell: whole in ``wide``, else the first cluster and how
+    many more once the list passes 20 characters (the table keeps to 80 columns)."""
+    if clusters is None:
+        return "any"
+    joined = ",".join(clusters)
+    if whole or len(joined) <= 20 or len(clusters) == 1:
+        return joined
+    return f"{clusters[0]},+{len(clusters) - 1}"
 
 
 def _inf(value: Any) -> str:
@@ -462,15 +621,36 @@ def _fetch_queue(cfg: Settings, name: str) -> tuple[dict[str, Any], tuple[Schedu
     return with_client(cfg, go)
 
 
+_history_option = click.option(
+    "--history",
+    is_flag=True,
+    help="Show its configuration changes instead: who, when, from where, old -> new.",
+)
+_limit_option = click.option(
+    "--limit",
+    "last",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="With --history: the latest N changes.",
+)
+
+
 @get.command("queue")
 @click.argument("name", shell_complete=complete_queues)
+@_history_option
+@_limit_option
 @output_option
 @click.pass_context
-def get_queue(ctx: click.Context, name: str, output: str) -> None:
+def get_queue(ctx: click.Context, name: str, history: bool, last: int, output: str) -> None:
     """Show the queue NAME live: status, policy, in flight against each limit and quota,
-    what waits and why, and the blocked head."""
+    what waits and why, and the blocked head. --history: every change of its
+    configuration, oldest first (kept in the control plane's database)."""
     cfg = settings(ctx)
     check_name(name, "NAME")
+    if history:
+        _show_history(cfg, "queue", name, last, output)
+        return
     stats, live = _fetch_queue(cfg, name)
     view = queue_view(name, stats, live)
     if emit_structured(view, output):
@@ -604,7 +784,9 @@ def _set_status(ctx: click.Context, name: str, status: QueueStatus) -> tuple[str
             status is QueueStatus.draining and before == QueueStatus.drained.value
         ):
             return before, queues[name]
-        await hw.update_queue(client, cfg.tenant, name, {"status": status.value})
+        await hw.update_queue(
+            client, cfg.tenant, name, {"status": status.value}, by=hw.changed_by("cli")
+        )
         return before, (await fetch_queues(client, cfg.tenant)).get(name, queues[name])
 
     return with_client(cfg, go)
@@ -653,9 +835,9 @@ def delete_queue(ctx: click.Context, name: str) -> None:
         if name not in await fetch_queues(client, cfg.tenant):
             raise click.ClickException(f"queue {name!r} does not exist (see `headway get queues`)")
         try:
-            await hw.remove_queue(client, cfg.tenant, name)
+            await hw.remove_queue(client, cfg.tenant, name, by=hw.changed_by("cli"))
         except WorkflowUpdateFailedError as err:
-            cause = str(err.cause) if err.cause is not None else str(err)
+            cause = getattr(err.cause, "message", None) or str(err.cause or err)
             raise click.ClickException(cause) from None
 
     with_client(cfg, go)
@@ -678,11 +860,17 @@ async def _fetch_org(client: Client, tenant: str) -> OrgLimits | None:
 
 
 @get.command("org")
+@_history_option
+@_limit_option
 @output_option
 @click.pass_context
-def get_org(ctx: click.Context, output: str) -> None:
-    """Show every org-wide limit of the tenant against its default."""
+def get_org(ctx: click.Context, history: bool, last: int, output: str) -> None:
+    """Show every org-wide limit of the tenant against its default. --history: every
+    change of them, oldest first."""
     cfg = settings(ctx)
+    if history:
+        _show_history(cfg, "org", "", last, output)
+        return
     org = with_client(cfg, lambda c: _fetch_org(c, cfg.tenant))
     if org is None:
         raise click.ClickException("this control plane does not expose its org limits yet")
@@ -742,7 +930,7 @@ def update_org(ctx: click.Context, /, **flags: Any) -> None:
                 "per_second": rate_now,
                 "burst": burst_n if burst_n is not None else old.get("burst", max(1.0, rate_now)),
             }
-        await hw.set_org(client, cfg.tenant, entry)
+        await hw.set_org(client, cfg.tenant, entry, by=hw.changed_by("cli"))
         return current is not None
 
     merged = with_client(cfg, go)
@@ -754,3 +942,101 @@ def _number(value: str, flag: str) -> float:
         return float(value)
     except ValueError:
         raise click.BadParameter(f"{flag}: {value!r} is not a number") from None
+
+
+# --- history --------------------------------------------------------------------------
+
+
+def _show_history(cfg: Settings, kind: str, name: str, limit: int, output: str) -> None:
+    """The audit trail of a queue (or of the org limits) from the control plane's store."""
+
+    async def go(client: Client) -> list[dict[str, Any]]:
+        from headway.workflows import client as hw
+
+        try:
+            return await hw.config_history(client, cfg.tenant, kind, name, limit)
+        except TimeoutError:
+            raise click.ClickException(
+                f"no control-plane worker answered in 20s on Temporal at {cfg.address}: "
+                "start one (`headway worker control-plane` or `headway up`)"
+            ) from None
+
+    rows = with_client(cfg, go)
+    if emit_structured(rows, output):
+        return
+    what = f"queue {name!r}" if kind == "queue" else "the org limits"
+    if not rows:
+        click.echo(f"No recorded changes of {what} in tenant {cfg.tenant!r}.")
+        return
+    table: list[list[Any]] = []
+    for r in rows:
+        lines = _diff_lines(kind, r)
+        first = [iso(r["at"]), _clip(r["who"], 24), r["source"]]
+        table.append([*first, lines[0]])
+        table.extend(["", "", "", more] for more in lines[1:])
+    click.echo(f"Changes of {what} (oldest first):")
+    click.echo(_fit_last_column(["when", "who", "source", "change"], table))
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _human(kind: str, spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    if spec is None:
+        return {}
+    if kind == "queue":
+        return queue_to_entry(QueueSpec.from_dict(dict(spec)))
+    return OrgLimits.from_dict(dict(spec)).to_dict()
+
+
+def _diff_lines(kind: str, row: Mapping[str, Any]) -> list[str]:
+    """One line per field that changed: ``depth: 100 -> 200``; a create lists what it
+    set besides the defaults, a delete says so."""
+    old, new = _human(kind, row.get("old")), _human(kind, row.get("new"))
+    if row["change"] == "delete":
+        return ["deleted"]
+    if row["change"] == "create":
+        default = _human(kind, {"name": new.get("name", "")}) if kind == "queue" else {}
+        set_ = [
+            f"{k}={_show_value(v)}" for k, v in new.items() if k != "name" and default.get(k) != v
+        ]
+        return ["created" + (": " + ", ".join(set_) if set_ else "")]
+    keys = [k for k in new if k != "name" and old.get(k) != new.get(k)]
+    return [f"{k}: {_show_value(old.get(k), k)} -> {_show_value(new.get(k), k)}" for k in keys] or [
+        "(no change)"
+    ]
+
+
+#: What None means, per field (else: unlimited).
+_NONE_MEANS = {"clusters": "any", "max_resources": "none"}
+
+
+def _show_value(v: Any, key: str = "") -> str:
+    if v is None:
+        return _NONE_MEANS.get(key, "unlimited")
+    if isinstance(v, Mapping):
+        if "per_second" in v:
+            return f"{v['per_second']}/s burst {v['burst']}"
+        return "{" + ", ".join(f"{k}={x}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ", ".join(str(x) for x in v) + "]"
+    return str(v)
+
+
+def _fit_last_column(headers: list[str], rows: list[list[Any]], width: int = 80) -> str:
+    """A table whose last column wraps (into rows of its own) to keep it in ``width``."""
+    import textwrap
+
+    lead = [max(len(headers[i]), *(len(str(r[i])) for r in rows)) for i in range(3)]
+    room = max(20, width - sum(lead) - 3 * len(lead))
+    out: list[list[Any]] = []
+    for r in rows:
+        parts = textwrap.wrap(str(r[3]), room, break_on_hyphens=False) or [""]
+        out.append([*r[:3], parts[0]])
+        out.extend(["", "", "", p] for p in parts[1:])
+    cells = [[h.upper() for h in headers], *[[str(c) for c in r] for r in out]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join(
+        "   ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in cells
+    )

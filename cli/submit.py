@@ -17,8 +17,8 @@ from headway.sdk.client import (
 )
 from headway.sdk.client import Client as HeadwayClient
 
-from ._common import settings, with_client
-from ._output import emit_structured, output_option
+from ._common import check_id, check_name, settings, ui_url, with_client
+from ._output import emit_structured, human_details, output_option, wall_times
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -43,7 +43,9 @@ def _succeeded(result: Any) -> bool:
 
 @click.command()
 @click.option("--queue", default=DEFAULT_QUEUE, show_default=True, help="Queue to enqueue on.")
-@click.option("--run", default="", help="Run the action belongs to (default: its own).")
+@click.option(
+    "--run", default="", show_default=False, help="Run the action belongs to (default: its own)."
+)
 @click.option("--task", default="action", show_default=True, help="Task name (runtime history).")
 @click.option("--cpu", default=None, help="CPU per pod, e.g. 2 or 500m.")
 @click.option("--memory", default=None, help="Memory per pod, e.g. 8Gi.")
@@ -126,7 +128,14 @@ def submit(
     With --count, the other ids still go in; the code says the worst: 1, then 3, then 4.
     """
     cfg = settings(ctx)
-    tenant = tenant or cfg.tenant
+    tenant = check_name(tenant, "--tenant") if tenant else cfg.tenant
+    check_name(queue, "--queue")
+    if run:
+        check_id(run, "--run")
+    if action_id:
+        check_id(action_id, "--id")
+        if count > 1 and len(action_id) + len(str(count - 1)) + 1 > 200:
+            check_id(f"{action_id}-{count - 1}", "--id (with --count)")
     try:
         resources = Resources(cpu=cpu, memory=memory, gpu=gpu, ephemeral_storage=ephemeral_storage)
     except ValueError as exc:
@@ -141,7 +150,7 @@ def submit(
     async def go(client: Client) -> tuple[bool, list[str]]:
         from headway.workflows.client import ActionConflictError
 
-        hw = HeadwayClient(client, tenant=tenant)
+        hw = HeadwayClient(client, tenant=tenant, ui_url=ui_url(cfg))
         actions: list[Action] = []
         conflicts: list[str] = []
         for one in ids:
@@ -266,9 +275,9 @@ def why(ctx: click.Context, action_id: str, tenant: str | None, output: str) -> 
             if key == "unblock":
                 click.echo("what would unblock it:")
                 for line in value or ["(nothing: it is not blocked)"]:
-                    click.echo(f"  - {line}")
+                    click.echo(f"  - {wall_times(str(line))}")
             elif key == "details":
-                click.echo(f"details: {json.dumps(value, default=str)}")
+                click.echo(f"details: {json.dumps(human_details(value), default=str)}")
             else:
                 click.echo(f"{key}: {value}")
     else:

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import click
+from headway import protocol
 from headway.activities.fairness import DEFAULT_CONTENDED_RATE
 from headway.worker.gc_tuning import freeze_startup, set_young_threshold
 
@@ -111,6 +112,14 @@ def control_plane(
 
     telemetry.setup("headway-control-plane")
 
+    def ready(tenants: list[str]) -> None:
+        click.echo(
+            f"control-plane worker ready: Temporal {cfg.address} (namespace {cfg.namespace}),"
+            f" task queue {protocol.CONTROL_TASK_QUEUE}, schedulers of"
+            f" {', '.join(tenants) or 'no tenant yet'}",
+            err=True,
+        )
+
     async def body(client: Client, stop: asyncio.Event) -> None:
         # The gauges (waiting by reason, blocked heads, free capacity) come from the
         # schedulers' own queries, polled beside the worker.
@@ -123,6 +132,9 @@ def control_plane(
                 stop=stop,
                 admit_wait_s=admit_wait_s,
                 contended_rate=contended_rate,
+                seed_queues=[q.to_dict() for q in fleet.queues],
+                seed_tenant=cfg.tenant,
+                on_ready=ready,
             )
         finally:
             stop.set()
@@ -217,6 +229,37 @@ def cluster(
         raise click.ClickException(str(exc)) from exc
 
     async def body(client: Client, stop: asyncio.Event) -> None:
+        click.echo(
+            f"cluster worker ready: cluster {name} ({backend}), Temporal {cfg.address}"
+            f" (namespace {cfg.namespace}), task queue {protocol.cluster_task_queue(name)},"
+            f" tenant {cfg.tenant}",
+            err=True,
+        )
         await run_cluster_worker(client, name, impl, tenants=[cfg.tenant], stop=stop)
 
+    if backend == "kubernetes":
+        _check_kube_config(kubeconfig, kube_context)
     asyncio.run(_serve(cfg, body))
+
+
+def _check_kube_config(kubeconfig: str | None, context: str | None) -> None:
+    """Fail in one line, before connecting anywhere, when the Kubernetes backend would
+    find no configuration (the backend loads it the same way once it runs)."""
+    from kubernetes import config as kc
+
+    try:
+        if kubeconfig is None and context is None:
+            try:
+                kc.load_incluster_config()  # type: ignore[no-untyped-call]
+            except kc.ConfigException:
+                kc.load_kube_config()  # type: ignore[no-untyped-call]
+        else:
+            kc.new_client_from_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
+    except (kc.ConfigException, OSError) as exc:
+        where = f"--kubeconfig {kubeconfig}" if kubeconfig else "~/.kube/config"
+        raise click.ClickException(
+            f"--backend kubernetes: no usable Kubernetes configuration in {where} and not "
+            f"in a pod ({' '.join(str(exc).split())}); give --kubeconfig FILE [--context "
+            "NAME], or run the worker in the cluster with its service account "
+            "(docker/k8s/cluster-worker.yaml)"
+        ) from None

@@ -29,6 +29,12 @@ windows:
   workflow task that ran it may still be lost: its retry answers exactly the same, so
   the scheduler decides exactly as before.
 
+* ``headway_tenants``, ``headway_configs``, ``headway_config_audit``: the tenant list,
+  each tenant's queue and org configuration as its scheduler last applied it, and one
+  audit row per change (who, when, from where, old -> new). Written by the scheduler
+  with its door settings; read back by a scheduler that starts afresh
+  (``headway.store.config``).
+
 The schema changes through migrations only (``headway.store.migrations``, Alembic): a
 change here comes with a new revision there.
 """
@@ -38,7 +44,17 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Boolean, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["AdmissionRow", "Base", "DoorRow", "LeaseRow", "ShardFlag", "SyncRow"]
+__all__ = [
+    "AdmissionRow",
+    "AuditRow",
+    "Base",
+    "ConfigRow",
+    "DoorRow",
+    "LeaseRow",
+    "ShardFlag",
+    "SyncRow",
+    "TenantRow",
+]
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL wants a 64-bit key for a
 # table that may see billions of inserts over its life.
@@ -130,3 +146,52 @@ class SyncRow(Base):
     token: Mapped[str] = mapped_column(String(200), primary_key=True)
     more: Mapped[str] = mapped_column(Text)  # the queues with leases left behind, JSON
     more_done: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class TenantRow(Base):
+    """A tenant (shard) that has configuration: a control plane starting up starts its
+    scheduler, which reloads the configuration."""
+
+    __tablename__ = "headway_tenants"
+
+    tenant: Mapped[str] = mapped_column(String(200), primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ConfigRow(Base):
+    """One queue (``kind`` "queue", ``name`` the queue) or the org limits (``kind``
+    "org", ``name`` "") of a tenant, as its scheduler last applied them."""
+
+    __tablename__ = "headway_configs"
+
+    tenant: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    spec: Mapped[str] = mapped_column(Text)  # QueueSpec / OrgLimits .to_dict() as JSON
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class AuditRow(Base):
+    """One configuration change: who made it, when, from where, and old -> new.
+
+    ``token`` names the change in its scheduler run, so writing it again (a retried
+    workflow task) adds no second row.
+    """
+
+    __tablename__ = "headway_config_audit"
+    __table_args__ = (
+        UniqueConstraint("tenant", "token", name="uq_headway_config_audit_token"),
+        Index("ix_headway_config_audit_name", "tenant", "kind", "name", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(200))
+    change: Mapped[str] = mapped_column(String(16))  # create | update | delete | set
+    who: Mapped[str] = mapped_column(String(200))
+    source: Mapped[str] = mapped_column(String(32))  # cli | cli --edit | sdk | fleet | ...
+    at: Mapped[float] = mapped_column(Float)
+    old: Mapped[str | None] = mapped_column(Text, nullable=True)
+    new: Mapped[str | None] = mapped_column(Text, nullable=True)
+    token: Mapped[str] = mapped_column(String(200))

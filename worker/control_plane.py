@@ -8,8 +8,9 @@ worker holds it, so tenants never serialize behind each other.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import TypedDict
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypedDict
 
 from headway import protocol
 from headway.activities.dispatch import DispatchActivities
@@ -17,8 +18,10 @@ from headway.activities.fairness import DEFAULT_CONTENDED_RATE, ShardFairness
 from headway.activities.store import AdmissionWaiters, StoreActivities
 from headway.scheduler.model import ClusterSpec
 from headway.store import LeaseStore
+from headway.store.config import ConfigStore
 from headway.worker import sdk_fastpath
 from headway.workflows.action import ActionWorkflow
+from headway.workflows.config import ConfigHistoryWorkflow
 from headway.workflows.scheduler import SchedulerWorkflow
 from temporalio.client import Client
 from temporalio.worker import PollerBehavior, PollerBehaviorAutoscaling, Worker
@@ -27,6 +30,7 @@ __all__ = [
     "WORKER_TUNING",
     "WorkerTuning",
     "build_control_plane_worker",
+    "restore_tenants",
     "run_control_plane_worker",
 ]
 
@@ -91,7 +95,7 @@ def build_control_plane_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[ActionWorkflow, SchedulerWorkflow],
+        workflows=[ActionWorkflow, SchedulerWorkflow, ConfigHistoryWorkflow],
         activities=[
             store_acts.put_lease,
             store_acts.put_lease_wait,
@@ -99,6 +103,8 @@ def build_control_plane_worker(
             store_acts.sync,
             store_acts.set_door,
             store_acts.fleet_specs,
+            store_acts.load_config,
+            store_acts.config_history,
             dispatch.dispatch,
         ],
         **WORKER_TUNING,
@@ -113,8 +119,16 @@ async def run_control_plane_worker(
     stop: asyncio.Event | None = None,
     admit_wait_s: float | None = None,
     contended_rate: float = DEFAULT_CONTENDED_RATE,
+    seed_queues: Sequence[Mapping[str, Any]] = (),
+    seed_tenant: str = protocol.DEFAULT_TENANT,
+    on_ready: Callable[[list[str]], None] | None = None,
 ) -> None:
     """Run the control-plane worker until ``stop`` is set (or forever).
+
+    Once it polls, it gives ``seed_tenant`` the ``seed_queues`` (``QueueSpec.to_dict()``
+    each; the fleet file's) if the database has never seen that tenant, then starts the
+    scheduler of every tenant with stored configuration, which reloads it (a scheduler
+    already running is left as it is), and calls ``on_ready`` with those tenants.
 
     Args:
         client: connected Temporal client.
@@ -124,6 +138,7 @@ async def run_control_plane_worker(
         stop: set it to shut the worker down gracefully.
         admit_wait_s: see :func:`build_control_plane_worker`.
         contended_rate: see :func:`build_control_plane_worker`.
+        seed_queues, seed_tenant, on_ready: see above.
     """
     store = LeaseStore(database_url)
     worker = build_control_plane_worker(
@@ -131,6 +146,36 @@ async def run_control_plane_worker(
     )
     try:
         async with worker:
+            tenants = await restore_tenants(
+                client, store, fleet or [], seed_queues=seed_queues, seed_tenant=seed_tenant
+            )
+            if on_ready is not None:
+                on_ready(tenants)
             await (stop.wait() if stop is not None else asyncio.Event().wait())
     finally:
         store.close()
+
+
+async def restore_tenants(
+    client: Client,
+    store: LeaseStore,
+    fleet: Sequence[ClusterSpec] = (),
+    *,
+    seed_queues: Sequence[Mapping[str, Any]] = (),
+    seed_tenant: str = protocol.DEFAULT_TENANT,
+) -> list[str]:
+    """Seed ``seed_tenant`` with ``seed_queues`` if the store has never seen it, then
+    make sure every tenant with stored configuration has its scheduler running (a fresh
+    one reloads the configuration). Returns those tenants."""
+    from headway.workflows.client import ensure_scheduler
+
+    config = ConfigStore(store)
+    if seed_queues:
+        who = f"control-plane@{socket.gethostname()}"
+        await asyncio.to_thread(
+            lambda: config.seed(seed_tenant, seed_queues, who=who, source="fleet")
+        )
+    tenants = await asyncio.to_thread(config.tenants)
+    for tenant in tenants:
+        await ensure_scheduler(client, tenant, fleet)
+    return tenants

@@ -10,8 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import getpass
+import socket
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from headway import protocol
@@ -27,6 +31,7 @@ from headway.workflows.action import (
     SubmitAnswer,
     start_attributes,
 )
+from headway.workflows.config import ConfigHistoryWorkflow
 from headway.workflows.scheduler import SchedulerWorkflow
 from headway.workflows.shared import NUDGE_SIGNAL, SchedulerInput
 from temporalio.api.enums.v1 import IndexedValueType
@@ -68,6 +73,8 @@ __all__ = [
     "actions_query",
     "cancel",
     "cancel_action",
+    "changed_by",
+    "config_history",
     "ensure_scheduler",
     "ensure_search_attributes",
     "get_fleet",
@@ -358,34 +365,91 @@ async def _update(
     raise AssertionError("unreachable")
 
 
+def changed_by(source: str = "sdk", who: str | None = None) -> dict[str, str]:
+    """Who makes a configuration change, for its audit row: ``who`` (default: the local
+    user at this host) and ``source`` (``cli``, ``cli --edit``, ``sdk``, ...)."""
+    if who is None:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = "unknown"
+        who = f"{user}@{socket.gethostname()}"
+    return {"who": who, "source": source}
+
+
 async def upsert_queue(
-    client: Client, tenant: str, spec: dict[str, Any], fleet: Sequence[ClusterSpec] = ()
+    client: Client,
+    tenant: str,
+    spec: dict[str, Any],
+    fleet: Sequence[ClusterSpec] = (),
+    *,
+    by: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Create or replace a queue (``QueueSpec.to_dict()`` notation); returns it as applied.
+
+    ``by`` (:func:`changed_by`; default: this user, from the SDK) goes on the audit row.
 
     Raises:
         temporalio.client.WorkflowUpdateFailedError: invalid spec (message names the field).
     """
-    return await _update(client, tenant, protocol.UPSERT_QUEUE_UPDATE, spec, fleet)
+    arg = {**spec, "by": dict(by or changed_by())}
+    return await _update(client, tenant, protocol.UPSERT_QUEUE_UPDATE, arg, fleet)
 
 
 async def update_queue(
-    client: Client, tenant: str, name: str, changes: dict[str, Any]
+    client: Client,
+    tenant: str,
+    name: str,
+    changes: dict[str, Any],
+    *,
+    by: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Change knobs of a queue live (scenario-file notation; None unsets). Returns the spec."""
-    return await _update(
-        client, tenant, protocol.UPDATE_QUEUE_UPDATE, {"name": name, "changes": changes}
-    )
+    arg = {"name": name, "changes": changes, "by": dict(by or changed_by())}
+    return await _update(client, tenant, protocol.UPDATE_QUEUE_UPDATE, arg)
 
 
-async def remove_queue(client: Client, tenant: str, name: str) -> dict[str, Any]:
+async def remove_queue(
+    client: Client, tenant: str, name: str, *, by: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Remove an empty queue; refused (WorkflowUpdateFailedError) while it holds work."""
-    return await _update(client, tenant, protocol.REMOVE_QUEUE_UPDATE, {"name": name})
+    arg = {"name": name, "by": dict(by or changed_by())}
+    return await _update(client, tenant, protocol.REMOVE_QUEUE_UPDATE, arg)
 
 
-async def set_org(client: Client, tenant: str, org: dict[str, Any]) -> dict[str, Any]:
+async def set_org(
+    client: Client, tenant: str, org: dict[str, Any], *, by: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Replace the tenant's org limits (``OrgLimits.to_dict()`` notation)."""
-    return await _update(client, tenant, protocol.SET_ORG_UPDATE, org)
+    arg = {**org, "by": dict(by or changed_by())}
+    return await _update(client, tenant, protocol.SET_ORG_UPDATE, arg)
+
+
+async def config_history(
+    client: Client, tenant: str, kind: str, name: str = "", limit: int = 50
+) -> list[dict[str, Any]]:
+    """The audit trail of a queue (``kind`` "queue") or of the org limits ("org"), oldest
+    first: ``{"change", "who", "source", "at", "old", "new"}`` each. Read from the store
+    by a short workflow on the control plane (``ConfigHistoryWorkflow``).
+
+    Raises:
+        TimeoutError: no control-plane worker answered within 20 s.
+    """
+    req = {"tenant": tenant, "kind": kind, "name": name, "limit": limit}
+    handle = await client.start_workflow(
+        ConfigHistoryWorkflow.run,
+        req,
+        id=f"headway-config-history-{tenant}-{uuid.uuid4().hex[:12]}",
+        task_queue=protocol.CONTROL_TASK_QUEUE,
+        execution_timeout=timedelta(seconds=60),
+        priority=protocol.tenant_priority(tenant),
+    )
+    try:
+        return await asyncio.wait_for(handle.result(), 20.0)
+    except TimeoutError:
+        with contextlib.suppress(RPCError):
+            await handle.terminate("no control-plane worker answered")
+        raise
 
 
 async def nudge_scheduler(

@@ -70,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from headway.scheduler.reasons import Reason, describe
     from headway.workflows.shared import (
+        CONFIG_ACTIVITY,
         DISPATCH_ACTIVITY,
         DONE_CHANNEL,
         FLEET_ACTIVITY,
@@ -185,6 +186,13 @@ class SchedulerWorkflow:
         # Syncs of its own accord (SAFETY_SYNC_BUSY_S); serial runs recorded before not.
         self._safety = self._serial and workflow.patched("safety-sync")
         self._inbox: list[Callable[[], None]] = []
+        # Configuration changes applied and not yet pushed to the store (one audit row
+        # each), and how many this run has made (their tokens).
+        self._audit: list[dict[str, Any]] = []
+        self._audit_no = 0
+        # A fresh run reads its tenant's stored configuration in run() (patch
+        # ``config-from-store``); until then validators cannot tell a queue is missing.
+        self._config_pending = not inp.carried
         # Syncs of this run: the latest whose result the loop took, and the latest whose
         # result is surely in the history (its task completed); the claims of those in
         # between stay in the store (``SyncInput.keep_claims``, issue #20).
@@ -351,10 +359,19 @@ class SchedulerWorkflow:
 
     @workflow.update(name=protocol.UPSERT_QUEUE_UPDATE)
     async def upsert_queue(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """Create or replace a queue; returns the applied ``QueueSpec.to_dict()``."""
+        """Create or replace a queue; returns the applied ``QueueSpec.to_dict()``.
+
+        ``spec`` may carry ``by`` (``{"who", "source"}``) for the audit row."""
+        spec, by = _split_by(spec)
         q = _parse_queue(spec)
         if self._serial:
-            await self._through_loop(lambda: _apply(lambda: self._core.upsert_queue(q)))
+
+            def upsert() -> None:
+                old = self._queue_dict(q.name)
+                _apply(lambda: self._core.upsert_queue(q))
+                self._record("queue", q.name, old, q.to_dict(), by)
+
+            await self._through_loop(upsert)
             return q.to_dict()
         _apply(lambda: self._core.upsert_queue(q))
         self._changed = True
@@ -363,17 +380,22 @@ class SchedulerWorkflow:
 
     @upsert_queue.validator
     def _validate_upsert(self, spec: dict[str, Any]) -> None:
-        _parse_queue(spec)
+        _parse_queue(_split_by(spec)[0])
 
     @workflow.update(name=protocol.UPDATE_QUEUE_UPDATE)
     async def update_queue(self, req: dict[str, Any]) -> dict[str, Any]:
         """Change some knobs of a queue live (``{"name", "changes"}``); in-flight work stays."""
         if self._serial:
-            changed: QueueSpec = await self._through_loop(
-                lambda: _apply(
+
+            def change() -> QueueSpec:
+                old = self._queue_dict(req["name"])
+                new: QueueSpec = _apply(
                     lambda: self._core.update_queue(req["name"], req.get("changes") or {})
                 )
-            )
+                self._record("queue", new.name, old, new.to_dict(), req.get("by"))
+                return new
+
+            changed: QueueSpec = await self._through_loop(change)
             return changed.to_dict()
         spec: QueueSpec = _apply(
             lambda: self._core.update_queue(req["name"], req.get("changes") or {})
@@ -387,7 +409,7 @@ class SchedulerWorkflow:
         if not isinstance(req, dict):
             raise ValueError(f"request: {req!r} is not a mapping")
         name = req.get("name")
-        if name not in self._core.queues:
+        if name not in self._core.queues and not self._config_pending:
             raise ValueError(f"name: {name!r} does not exist")
         changes = req.get("changes")
         if changes is not None and not isinstance(changes, dict):
@@ -398,7 +420,13 @@ class SchedulerWorkflow:
         """Remove an empty queue (``{"name"}``): nothing waiting, running or in the store."""
         name = req["name"]
         if self._serial:
-            await self._through_loop(lambda: self._remove_queue(name))
+
+            def remove() -> None:
+                old = self._queue_dict(name)
+                self._remove_queue(name)
+                self._record("queue", name, old, None, req.get("by"))
+
+            await self._through_loop(remove)
             return {"name": name, "removed": True}
         _apply(lambda: self._core.remove_queue(name))
         self._more.discard(name)
@@ -414,6 +442,8 @@ class SchedulerWorkflow:
         name = req["name"]
         q = self._core.queues.get(name)
         if q is None:
+            if self._config_pending:
+                return  # the loop finds out once the stored configuration is in
             raise ValueError(f"queue: {name!r} does not exist")
         held = len(q.waiting) + q.running
         if held or name in self._more:
@@ -425,10 +455,17 @@ class SchedulerWorkflow:
 
     @workflow.update(name=protocol.SET_ORG_UPDATE)
     async def set_org(self, org: dict[str, Any]) -> dict[str, Any]:
-        """Replace the tenant's org-wide limits."""
+        """Replace the tenant's org-wide limits (``by``: as for ``upsert_queue``)."""
+        org, by = _split_by(org)
         limits = _parse_org(org)
         if self._serial:
-            await self._through_loop(lambda: _apply(lambda: self._core.set_org(limits)))
+
+            def set_org() -> None:
+                old = self._core.org.to_dict()
+                _apply(lambda: self._core.set_org(limits))
+                self._record("org", "", old, limits.to_dict(), by)
+
+            await self._through_loop(set_org)
             return limits.to_dict()
         _apply(lambda: self._core.set_org(limits))
         self._changed = True
@@ -437,7 +474,50 @@ class SchedulerWorkflow:
 
     @set_org.validator
     def _validate_org(self, org: dict[str, Any]) -> None:
-        _parse_org(org)
+        _parse_org(_split_by(org)[0])
+
+    def _queue_dict(self, name: str) -> dict[str, Any] | None:
+        q = self._core.queues.get(name)
+        return q.spec.to_dict() if q is not None else None
+
+    def _record(
+        self, kind: str, name: str, old: dict[str, Any] | None, new: dict[str, Any] | None, by: Any
+    ) -> None:
+        """Note a configuration change applied just now, for its audit row (pushed to the
+        store with the door); a change that changed nothing is not one."""
+        if old == new:
+            return
+        by = by if isinstance(by, dict) else {}
+        self._audit_no += 1
+        self._audit.append(
+            {
+                "kind": kind,
+                "name": name,
+                "change": "set" if kind == "org" else _change(old, new),
+                "who": str(by.get("who") or "unknown"),
+                "source": str(by.get("source") or "unknown"),
+                "at": workflow.now().timestamp(),
+                "old": old,
+                "new": new,
+                "token": f"{workflow.info().run_id}:{self._audit_no}",
+            }
+        )
+
+    def _load_config(self, stored: dict[str, Any]) -> None:
+        """Take the tenant's stored configuration (a fresh run): its queues, its org."""
+        for spec in stored.get("queues") or []:
+            try:
+                q = _parse_queue(spec)
+                if q.name not in self._core.queues:
+                    self._core.upsert_queue(q)
+            except (ValueError, KeyError, TypeError) as err:  # skip it, keep the rest
+                workflow.logger.error("stored queue %r left out: %s", spec, err)
+        org = stored.get("org")
+        if org is not None:
+            try:
+                self._core.set_org(_parse_org(org))
+            except (ValueError, KeyError, TypeError) as err:
+                workflow.logger.error("stored org limits %r left out: %s", org, err)
 
     def _remove_queue(self, name: str) -> None:
         _apply(lambda: self._core.remove_queue(name))
@@ -477,10 +557,10 @@ class SchedulerWorkflow:
         """Put the door's settings as they are now into the store (``remote``: by a
         regular activity, whose completion is a wake replays share)."""
         at = self._door_gen
-        await _activity(
-            SET_DOOR_ACTIVITY, self._door_input(), type(None), local=not remote, timeout_s=30
-        )
+        door = self._door_input()
+        await _activity(SET_DOOR_ACTIVITY, door, type(None), local=not remote, timeout_s=30)
         self._door_pushed = at
+        del self._audit[: len(door.audit)]
 
     def _door_input(self) -> DoorInput:
         org = self._core.org.submit_rate
@@ -491,6 +571,12 @@ class SchedulerWorkflow:
                 name: {"status": q.spec.status.value, "depth": q.spec.depth, "rate": None}
                 for name, q in sorted(self._core.queues.items())
             },
+            # The configuration goes to the store with the door, and its audit rows.
+            config={
+                "queues": {n: q.spec.to_dict() for n, q in sorted(self._core.queues.items())},
+                "org": self._core.org.to_dict(),
+            },
+            audit=list(self._audit),
         )
 
     async def _push_door(self) -> None:
@@ -621,6 +707,20 @@ class SchedulerWorkflow:
                     self._core.add_cluster(ClusterSpec.from_dict(c))
             self._changed = True
         self._fleet_known = True
+        if not inp.carried and workflow.patched("config-from-store"):
+            # A fresh run (a new tenant, or one started again after its scheduler was
+            # terminated or its Temporal server lost it) takes the configuration stored
+            # by its predecessors, before any change that reached it meanwhile.
+            stored: dict[str, Any] = await workflow.execute_local_activity(
+                CONFIG_ACTIVITY,
+                self._tenant,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_RETRY,
+                result_type=dict[str, Any],
+            )
+            self._load_config(stored)
+            self._changed = True
+        self._config_pending = False
         # Every run puts its settings at the door first: a tenant's first run makes its
         # door, a continued one restates it, and one recorded before the door existed
         # (patch ``door``) brings it to a store that never had it.
@@ -1260,6 +1360,18 @@ def _apply(fn: Any) -> Any:
         return fn()
     except (ValueError, KeyError, TypeError) as err:
         raise ApplicationError(str(err), type="ValueError", non_retryable=True) from err
+
+
+def _split_by(d: Any) -> tuple[Any, Any]:
+    """An update's argument without its ``by`` (who made the change, from where)."""
+    if isinstance(d, dict) and "by" in d:
+        rest = dict(d)
+        return rest, rest.pop("by")
+    return d, None
+
+
+def _change(old: Any, new: Any) -> str:
+    return "create" if old is None else "delete" if new is None else "update"
 
 
 def _parse_queue(spec: Any) -> QueueSpec:

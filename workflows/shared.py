@@ -13,6 +13,8 @@ from typing import Any
 from headway.protocol import Admission
 
 __all__ = [
+    "CONFIG_ACTIVITY",
+    "CONFIG_HISTORY_ACTIVITY",
     "DISPATCH_ACTIVITY",
     "DONE_CHANNEL",
     "FINISH_LEASE_ACTIVITY",
@@ -47,6 +49,10 @@ SYNC_ACTIVITY = "headway.store.sync"
 SET_DOOR_ACTIVITY = "headway.store.set_door"
 DISPATCH_ACTIVITY = "headway.control.dispatch"
 FLEET_ACTIVITY = "headway.control.fleet"
+#: A scheduler starting afresh reads its tenant's stored configuration (queues, org).
+CONFIG_ACTIVITY = "headway.store.config"
+#: The audit trail of a queue or of the org limits (``ConfigHistoryWorkflow``).
+CONFIG_HISTORY_ACTIVITY = "headway.store.config_history"
 
 #: Store flag channel of action ends (queue channels are ``q:<queue>``).
 DONE_CHANNEL = "done"
@@ -120,11 +126,16 @@ class DoorInput:
 
     ``rate``: the tenant's submit rate (``{"per_second", "burst"}``, None unlimited);
     ``queues``: per queue ``{"status", "depth", "rate"}`` (a queue left out has no door).
+    ``config``: the whole configuration, stored with the door (``{"queues": {name:
+    QueueSpec.to_dict()}, "org": OrgLimits.to_dict()}``; None: leave it as stored);
+    ``audit``: the changes since the last push, one audit row each (``ConfigStore``).
     """
 
     tenant: str
     rate: dict[str, float] | None = None
     queues: dict[str, dict[str, Any]] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
+    audit: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

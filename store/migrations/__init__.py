@@ -10,6 +10,8 @@ revisions are in ``versions/``:
   index it lacks (added to the code after the database was made) is created.
 * ``r0002``: the door (``headway_doors``) and the index it counts held leases with.
 * ``r0003``: sync answers (``headway_syncs``), so a retried sync answers as its first try.
+* ``r0004``: configuration (``headway_tenants``, ``headway_configs``) and its audit trail
+  (``headway_config_audit``).
 
 A schema change is a new revision here (``alembic revision -m ...`` with this directory
 as ``script_location``, or a file written by hand) and the matching change of

@@ -89,6 +89,23 @@ def test_submit_rejects_bad_resources_before_connecting(flag, value, named):
     assert "cannot reach" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--id", "bad id"], "--id: 'bad id' is not a valid id"),
+        (["--id", "x" * 201], "--id: 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' is 201 characters"),
+        (["--run", "r/1"], "--run: 'r/1' is not a valid id"),
+        (["--queue", "Bad_Q"], "--queue: 'Bad_Q' is not a valid name"),
+        (["--tenant", "t:1"], "--tenant: 't:1' is not a valid name"),
+    ],
+)
+def test_submit_rejects_bad_names_before_connecting(args, named):
+    result = invoke("submit", "--cpu", "1", *args)
+    assert result.exit_code == 2, result.output
+    assert named in result.output
+    assert "cannot reach" not in result.output and "Traceback" not in result.output
+
+
 def test_unreachable_server_is_a_clear_error():
     result = invoke("submit", "--queue", "q", "--cpu", "1")
     assert result.exit_code != 0
@@ -202,3 +219,17 @@ def test_control_plane_worker_rejects_a_bad_setting_before_connecting(option, va
     assert result.exit_code != 0
     assert option in result.output and named in result.output
     assert "cannot reach" not in result.output
+
+
+def test_a_kubernetes_worker_without_a_kubeconfig_fails_in_one_line(tmp_path: Path):
+    missing = tmp_path / "no-kubeconfig"
+    result = invoke(
+        "worker", "cluster", "--name", "gpu-h100", "--backend", "kubernetes",
+        "--kubeconfig", str(missing),
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert (
+        f"--backend kubernetes: no usable Kubernetes configuration in --kubeconfig {missing}"
+        in (result.output)
+    )
+    assert "Traceback" not in result.output and "cannot reach" not in result.output

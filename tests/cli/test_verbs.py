@@ -70,6 +70,7 @@ class Fake:
     def __init__(self) -> None:
         self.sched = live()
         self.updates: list[tuple[str, dict[str, Any]]] = []
+        self.by: list[Any] = []
         self.cancelled: list[str] = []
         self.down: list[str] = []
 
@@ -110,8 +111,11 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Fake:
     async def get_fleet(client: Any, tenant: str) -> dict[str, Any]:
         return f.fleet()
 
-    async def update_queue(client: Any, tenant: str, name: str, changes: dict[str, Any]) -> Any:
+    async def update_queue(
+        client: Any, tenant: str, name: str, changes: dict[str, Any], *, by: Any = None
+    ) -> Any:
         f.updates.append((name, changes))
+        f.by.append(by)
         return f.sched.update_queue(name, changes).to_dict()
 
     async def why(client: Any, tenant: str, action_id: str) -> dict[str, Any]:
@@ -178,6 +182,18 @@ def test_get_queues_fits_80_columns_and_wide_adds_the_limits(fake: Fake) -> None
     assert res.exit_code == 0, res.output
     assert "CONCURRENCY" in res.output and "∞/1/∞" in res.output
     assert "cpu=64,gpu=H200:16" in res.output
+
+
+def test_get_queues_shortens_a_long_selector_to_fit_80_columns(fake: Fake) -> None:
+    pinned = ("gpu-h200-eu-west", "gpu-h200-us-east", "cpu")
+    fake.sched.upsert_queue(QueueSpec("pinned", clusters=pinned))
+    res = run("get", "queues")
+    assert res.exit_code == 0, res.output
+    fits_80(res.output)
+    row = next(r for r in res.output.splitlines() if r.startswith("pinned"))
+    assert row.split()[-1] == "gpu-h200-eu-west,+2"
+    res = run("get", "queues", "-o", "wide")
+    assert "gpu-h200-eu-west,gpu-h200-us-east,cpu" in res.output
 
 
 @pytest.mark.parametrize("fmt", [["-o", "json"], ["--json"], ["-o", "yaml"]])
@@ -277,6 +293,8 @@ def test_drain_and_resume_set_the_status(fake: Fake) -> None:
     assert fake.updates[-1] == ("train", {"status": "active"})
     res = run("resume", "queue", "train")
     assert "already active" in res.output and len(fake.updates) == 2
+    # Each change names where it came from, for its audit row.
+    assert [b["source"] for b in fake.by] == ["cli", "cli"] and all(b["who"] for b in fake.by)
     res = run("drain", "queue", "nope")
     assert res.exit_code == 1 and "queue 'nope' does not exist" in res.output
 
@@ -860,3 +878,31 @@ def test_why_as_text_says_what_would_unblock_it(fake: Fake) -> None:
     res = run("why", "a1")
     assert res.exit_code == 0, res.output
     assert "what would unblock it:" in res.output
+
+
+def test_why_as_text_shows_kubernetes_units_and_wall_clock_times(
+    fake: Fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+    import time
+
+    at = round(time.time() + 600)
+
+    async def why(client: Any, tenant: str, action_id: str) -> dict[str, Any]:
+        return {
+            "action_id": action_id,
+            "state": "waiting",
+            "reason": "NoClusterCapacity",
+            "details": {"need": {"cpu_m": 8500, "memory": 64 * GiB, "gpu": 8}},
+            "unblock": [f"fits on gpu-h100 at t={at} when running work ends by its estimates"],
+        }
+
+    monkeypatch.setattr(hw, "why", why)
+    res = run("why", "a1")
+    assert res.exit_code == 0, res.output
+    assert 'details: {"need": {"cpu": "8500m", "memory": "64Gi", "gpu": 8}}' in res.output
+    clock = time.strftime("%H:%M:%SZ", time.gmtime(at))
+    assert re.search(rf"fits on gpu-h100 at {clock} \(in (9m5\ds|10m00s)\) when", res.output)
+    # json keeps the numbers as the scheduler gave them.
+    data = json.loads(run("why", "a1", "-o", "json").output)
+    assert data["details"]["need"] == {"cpu_m": 8500, "memory": 64 * GiB, "gpu": 8}

@@ -367,3 +367,278 @@ def test_delete_a_queue_only_once_it_holds_nothing(stack: Stack) -> None:
     # The door knows too: a submission to the deleted queue is refused at once.
     code, out = hw(stack, "submit", "--queue", "doomed", "--cpu", "1", "--id", "v-doomed-2")
     assert code == 3 and "UnknownQueue" in out, out
+
+
+# --- configuration in SQL: audit trail, --edit, reload after a restart -----------------
+
+CFG_TENANT = "audit24"
+
+
+def hwt(stack: Stack, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``hw`` for the tenant of the configuration tests (its queues are its own)."""
+    result = CliRunner().invoke(
+        cli, ["--address", stack.address, "--tenant", CFG_TENANT, *args], env=env
+    )
+    return result.exit_code, result.output
+
+
+def history(stack: Stack, *args: str) -> list[dict[str, Any]]:
+    code, out = hwt(stack, "get", *args, "--history", "-o", "json")
+    assert code == 0, out
+    rows: list[dict[str, Any]] = json.loads(out)
+    return rows
+
+
+def test_the_audit_trail_after_three_edits(stack: Stack) -> None:
+    code, out = hwt(stack, "create", "queue", "trail", "--priority", "low", "--depth", "10")
+    assert code == 0, out
+    code, out = hwt(stack, "update", "queue", "trail", "--depth", "20")
+    assert code == 0, out
+    code, out = hwt(stack, "update", "queue", "trail", "--cluster", "gpu-h200")
+    assert code == 0, out
+    editor = {"EDITOR": "sed -i 's/^priority:.*/priority: critical/'"}
+    code, out = hwt(stack, "update", "queue", "trail", "--edit", env=editor)
+    assert (code, out.strip()) == (0, "queue 'trail' updated"), out
+    rows = history(stack, "queue", "trail")
+    assert [(r["change"], r["source"]) for r in rows] == [
+        ("create", "cli"),
+        ("update", "cli"),
+        ("update", "cli"),
+        ("update", "cli --edit"),
+    ]
+    assert all(r["who"] and "@" in r["who"] for r in rows)
+    assert [r["at"] for r in rows] == sorted(r["at"] for r in rows)
+    assert rows[0]["old"] is None and rows[0]["new"]["depth"] == 10
+    assert (rows[1]["old"]["depth"], rows[1]["new"]["depth"]) == (10, 20)
+    assert (rows[2]["old"]["clusters"], rows[2]["new"]["clusters"]) == (None, ["gpu-h200"])
+    assert (rows[3]["old"]["priority"], rows[3]["new"]["priority"]) == ("low", "critical")
+    # The table: one line per field changed, old -> new, in 80 columns.
+    code, out = hwt(stack, "get", "queue", "trail", "--history")
+    assert code == 0, out
+    fits_80(out)
+    lines = out.splitlines()
+    assert lines[0] == "Changes of queue 'trail' (oldest first):"
+    assert lines[1].split() == ["WHEN", "WHO", "SOURCE", "CHANGE"]
+    assert "created: priority=low, depth=10" in lines[2]
+    assert lines[3].endswith("depth: 10 -> 20")
+    assert lines[4].endswith("clusters: any -> [gpu-h200]")
+    assert lines[5].endswith("cli --edit   priority: low -> critical")
+    # A queue never changed has no history; a deleted one keeps it, ending "deleted".
+    code, out = hwt(stack, "delete", "queue", "trail")
+    assert code == 0, out
+    assert [r["change"] for r in history(stack, "queue", "trail")][-1] == "delete"
+    code, out = hwt(stack, "get", "queue", "never", "--history")
+    assert code == 0 and "No recorded changes of queue 'never'" in out, out
+
+
+def test_a_failed_edit_reopens_with_its_error_and_is_kept(stack: Stack, tmp_path: Path) -> None:
+    code, out = hwt(stack, "create", "queue", "edited", "--depth", "5")
+    assert code == 0, out
+    # The editor sets depth to -3 every time it opens: the edit comes back with the
+    # error on top, is closed unchanged, and is kept in a file.
+    seen = tmp_path / "seen.yaml"
+    editor = {"EDITOR": f'sh -c \'sed -i "s/^depth:.*/depth: -3/" "$0"; cp "$0" {seen}\''}
+    code, out = hwt(stack, "update", "queue", "edited", "--edit", env=editor)
+    assert code == 1, out
+    assert "Traceback" not in out
+    assert "--edit: not applied (depth: -3 must be >= 0); your edit is kept in " in out, out
+    kept = Path(out.rsplit("kept in ", 1)[1].strip())
+    text = kept.read_text()
+    assert text.startswith("# ERROR: depth: -3 must be >= 0\n") and "\ndepth: -3\n" in text
+    assert seen.read_text() == text  # the second opening showed the error on top
+    # The YAML lists what each field accepts, and nothing was applied.
+    assert "#   priority:    lowest, low, medium, high, critical" in text
+    assert "#   algorithm:   strict, greedy, backfill, easy" in text
+    assert "#   clusters:    null (any healthy one) or a list of: cpu, gpu-h100, gpu-h200" in text
+    assert all(len(ln) <= 80 for ln in text.splitlines() if not ln.startswith("# ERROR"))
+    code, out = hwt(stack, "get", "queue", "edited", "-o", "json")
+    assert code == 0 and json.loads(out)["in_flight"]["depth"]["limit"] == 5, out
+    assert [r["change"] for r in history(stack, "queue", "edited")] == ["create"]
+
+
+def test_a_selector_naming_an_unknown_cluster_is_refused(stack: Stack) -> None:
+    code, out = hwt(stack, "create", "queue", "pinned", "--cluster", "gpu-h999")
+    assert code == 2, out
+    assert "--cluster: 'gpu-h999' is not a cluster of the fleet" in out
+    assert "--allow-unknown-cluster" in out
+    code, out = hwt(stack, "create", "queue", "pinned", "--cluster", "gpu-h100")
+    assert code == 0, out
+    code, out = hwt(stack, "update", "queue", "pinned", "--cluster", "gpu-h999")
+    assert code == 2 and "'gpu-h999' is not a cluster of the fleet" in out, out
+    code, out = hwt(
+        stack, "update", "queue", "pinned", "--cluster", "gpu-h999", "--allow-unknown-cluster"
+    )
+    assert code == 0, out
+
+
+def test_configuration_is_reloaded_after_the_scheduler_is_terminated(stack: Stack) -> None:
+    from headway import protocol
+    from temporalio.client import Client, WorkflowExecutionStatus
+
+    code, out = hwt(stack, "create", "queue", "kept", "--priority", "high", "--max-gpu", "H200:16")
+    assert code == 0, out
+    code, out = hwt(stack, "update", "org", "--max-concurrent-actions", "77")
+    assert code == 0, out
+
+    async def terminate() -> str:
+        client = await Client.connect(stack.address, data_converter=protocol.data_converter())
+        h = client.get_workflow_handle(protocol.scheduler_workflow_id(CFG_TENANT))
+        run_id = (await h.describe()).run_id
+        await h.terminate(reason="a lost scheduler (test)")
+        return run_id
+
+    async def current() -> tuple[str, WorkflowExecutionStatus | None]:
+        client = await Client.connect(stack.address, data_converter=protocol.data_converter())
+        d = await client.get_workflow_handle(protocol.scheduler_workflow_id(CFG_TENANT)).describe()
+        return d.run_id, d.status
+
+    old_run = asyncio.run(terminate())
+    # The next change starts a fresh scheduler: it knows the queue only if it reloaded it.
+    code, out = hwt(stack, "update", "queue", "kept", "--depth", "7")
+    assert (code, out.strip()) == (0, "queue 'kept' updated"), out
+    run_id, status = asyncio.run(current())
+    assert run_id != old_run and status == WorkflowExecutionStatus.RUNNING
+    view = json.loads(hwt(stack, "get", "queue", "kept", "-o", "json")[1])
+    assert view["priority"] == "high" and view["in_flight"]["depth"]["limit"] == 7
+    assert view["quota"]["gpu"]["limit"] == "H200:16"
+    org = json.loads(hwt(stack, "get", "org", "-o", "json")[1])
+    assert org["max_concurrent_actions"] == 77
+    assert [r["change"] for r in history(stack, "queue", "kept")] == ["create", "update"]
+    # And it schedules there: an action submitted now runs.
+    code, out = hwt(stack, "submit", "--queue", "kept", "--cpu", "1", "--id", "kept-1", "--wait")
+    assert code == 0 and "state=succeeded" in out, out
+
+
+def test_the_default_queue_is_seeded_and_the_workers_say_they_are_ready(stack: Stack) -> None:
+    rows = hw_json(stack, "get", "queue", "default", "--history")
+    assert rows[0]["change"] == "create" and rows[0]["source"] == "fleet"
+    logs = {c.name: c.log.read_text() for c in stack.children}
+    assert "control-plane worker ready: Temporal " in logs["control-plane"]
+    assert "task queue headway-cluster-gpu-h100" in logs["cluster-gpu-h100"]
+
+
+# --- headway top, under a pseudo-terminal ------------------------------------------------
+
+
+class Terminal:
+    """``headway top`` on a pseudo-terminal of 80x24, its output read into a VT100 screen
+    (pyte), as a user sees it."""
+
+    def __init__(self, argv: list[str]) -> None:
+        import fcntl
+        import os
+        import pty
+        import struct
+        import subprocess
+        import termios
+
+        import pyte
+
+        self.screen = pyte.Screen(80, 24)
+        self.stream = pyte.ByteStream(self.screen)
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "80", "LINES": "24"}
+        self.proc = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
+        )
+        os.close(slave)
+
+    def read(self, timeout_s: float = 0.2) -> None:
+        import os
+        import select
+
+        while select.select([self.master], [], [], timeout_s)[0]:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # the child closed the terminal
+                return
+            if not chunk:
+                return
+            self.stream.feed(chunk)
+            timeout_s = 0.05
+
+    def lines(self) -> list[str]:
+        return [line.rstrip() for line in self.screen.display]
+
+    def wait_for(
+        self, probe: Callable[[list[str]], bool], what: str, timeout_s: float = 30
+    ) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.read()
+            if probe(self.lines()):
+                return
+            if self.proc.poll() is not None:
+                break
+        raise AssertionError(
+            f"timed out waiting for {what}; the screen:\n" + "\n".join(self.lines())
+        )
+
+    def close(self) -> None:
+        import os
+
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
+
+
+def test_top_refreshes_in_place_on_a_terminal(stack: Stack) -> None:
+    import signal
+
+    code, out = hwt(
+        stack, "create", "queue", "topq", "--algorithm", "strict", "--cluster", "gpu-h100"
+    )
+    assert code == 0, out
+    # One node's GPUs taken, then a gang that needs both nodes: it waits, blocking.
+    one = ["--queue", "topq", "--gpu", "H100:8", "--duration", "600", "--estimate", "600"]
+    code, out = hwt(stack, "submit", *one, "--id", "top-1")
+    assert code == 0, out
+    code, out = hwt(stack, "submit", *one, "--replicas", "2", "--id", "top-2")
+    assert code == 0, out
+    argv = _headway("--address", stack.address, "--tenant", CFG_TENANT, "top", "--interval", "0.5")
+    term = Terminal(argv)
+    try:
+
+        def row(lines: list[str], name: str) -> list[str]:
+            return next((ln.split() for ln in lines if ln.startswith(name + " ")), [])
+
+        term.wait_for(lambda s: row(s, "topq")[3:5] == ["1", "1"], "topq: 1 waiting, 1 running")
+        screen = term.lines()
+        assert screen[0].startswith(f"headway top - tenant {CFG_TENANT} at {stack.address}")
+        assert row(screen, "topq")[:5] == ["topq", "medium", "active", "1", "1"]
+        assert "NoClusterCapacity (1)" in " ".join(row(screen, "topq"))
+        assert any(ln.strip().startswith("NoClusterCapacity") for ln in screen)
+        assert any(
+            ln.startswith("  topq: top-2 (gang of 2) NoClusterCapacity, for ") for ln in screen
+        )
+        # The cluster workers report to tenant default only: here the declared fleet.
+        assert row(screen, "gpu-h100")[:3] == ["gpu-h100", "NoReport", "8/16"]
+        assert all(len(ln) <= 80 for ln in screen)
+        # Something changes: the same screen shows it, in place (no second copy below).
+        code, out = hwt(stack, "submit", "--queue", "topq", "--cpu", "1", "--id", "top-3")
+        assert code == 0, out
+        term.wait_for(lambda s: row(s, "topq")[3:4] == ["2"], "topq with 2 waiting")
+        screen = term.lines()
+        assert sum(ln.startswith("headway top - ") for ln in screen) == 1
+        assert sum(ln.startswith("topq ") for ln in screen) == 1
+        # Ctrl-C ends it cleanly.
+        term.proc.send_signal(signal.SIGINT)
+        assert term.proc.wait(timeout=15) == 0
+        term.read()
+        assert "Traceback" not in "\n".join(term.lines())
+    finally:
+        term.close()
+    code, out = hwt(stack, "cancel", "top-1", "top-2", "top-3")
+    assert code == 0, out
+
+
+def test_top_piped_prints_one_screen(stack: Stack) -> None:
+    code, out = hwt(stack, "top")
+    assert code == 0, out
+    fits_80(out)
+    assert out.splitlines()[0].startswith(f"headway top - tenant {CFG_TENANT} at ")
+    assert "Waiting by reason:" in out and "Blocked heads:" in out
+    code, out = hw(stack, "--tenant", "nobody-here", "top")
+    assert code == 1 and "tenant 'nobody-here' has no scheduler" in out, out

@@ -17,6 +17,7 @@ from alembic.runtime.migration import MigrationContext
 from headway.scheduler.door import QueueDoor
 from headway.scheduler.reasons import Reason
 from headway.store import LeaseStore, migrations
+from headway.store.config import ConfigStore
 from headway.store.models import Base
 from sqlalchemy import create_engine, inspect, make_url, text
 
@@ -28,6 +29,9 @@ DATA = Path(__file__).parent / "data"
 #: (a0, a1 claimed by sync "tok1", a0 then finished), one of "other" still pending, an
 #: admission recorded for a1; all of tenant "old".
 BEFORE_MIGRATIONS = DATA / "store-before-migrations.db"
+#: Made by the store at r0003 (e785416): one pending lease of tenant "old" in queue "q",
+#: the tenant's door and the queue's (depth 10); no configuration tables yet.
+R0003 = DATA / "store-r0003.db"
 BACKENDS = ["sqlite", *(["postgresql"] if PG else [])]
 
 
@@ -61,7 +65,7 @@ def tables(url: str) -> set[str]:
 def test_a_new_database_is_made_at_the_newest_revision(empty_url: str) -> None:
     s = LeaseStore(empty_url)
     try:
-        assert migrations.current(s.engine) == migrations.head() == "r0003"
+        assert migrations.current(s.engine) == migrations.head() == "r0004"
     finally:
         s.close()
     assert tables(empty_url) == {
@@ -70,6 +74,9 @@ def test_a_new_database_is_made_at_the_newest_revision(empty_url: str) -> None:
         "headway_admissions",
         "headway_doors",
         "headway_syncs",
+        "headway_tenants",
+        "headway_configs",
+        "headway_config_audit",
         migrations.VERSION_TABLE,
     }
 
@@ -125,6 +132,31 @@ def test_a_sqlite_file_made_before_migrations_upgrades_in_place(tmp_path: Path) 
     LeaseStore(f"sqlite:///{path}").close()
 
 
+def test_a_sqlite_file_of_the_r0003_schema_upgrades_and_keeps_its_rows(tmp_path: Path) -> None:
+    """A database of the schema before configuration moved into SQL (a checked-in file
+    made at r0003: a pending lease of tenant "old" in queue "q", its doors) gains the
+    configuration tables and keeps what it had."""
+    path = tmp_path / "r0003.db"
+    shutil.copy(R0003, path)
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        assert migrations.current(engine) == "r0003"
+    finally:
+        engine.dispose()
+    s = LeaseStore(f"sqlite:///{path}")
+    try:
+        assert migrations.current(s.engine) == "r0004"
+        assert s.lease_count("old") == 1 and s.pending_count("old", "q") == 1
+        assert s.door("old")["q"]["depth"] == 10
+        config = ConfigStore(s)
+        assert config.tenants() == [] and config.load("old") == {"queues": [], "org": None}
+        config.save("old", {"q": {"name": "q", "depth": 10}}, None)
+        assert config.tenants() == ["old"]
+        assert config.load("old")["queues"] == [{"name": "q", "depth": 10}]
+    finally:
+        s.close()
+
+
 def test_a_database_made_before_migrations_upgrades_in_place(
     empty_url: str, tmp_path: Path
 ) -> None:
@@ -167,6 +199,8 @@ def test_an_index_added_since_a_database_was_made_is_created_on_open(empty_url: 
         conn.exec_driver_sql(f"DROP TABLE {migrations.VERSION_TABLE}")
         conn.exec_driver_sql("DROP TABLE headway_doors")
         conn.exec_driver_sql("DROP TABLE headway_syncs")
+        for table in ("headway_config_audit", "headway_configs", "headway_tenants"):
+            conn.exec_driver_sql(f"DROP TABLE {table}")
         conn.exec_driver_sql("DROP INDEX ix_headway_leases_held")
     s.close()
     s = LeaseStore(empty_url)

@@ -188,6 +188,7 @@ async def flood(client: Client, tenant: str, tmp_path: Path) -> Flood:
             store_acts.sync,
             store_acts.set_door,
             store_acts.fleet_specs,
+            store_acts.load_config,
             actions.dispatch,
         ],
         max_concurrent_activities=50,

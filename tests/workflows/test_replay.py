@@ -60,6 +60,9 @@ def load(name: str) -> WorkflowHistory:
         "scheduler_serial",
         # ... and syncing of its own accord (patch ``safety-sync``).
         "scheduler_safety",
+        # ... and a fresh run reading its stored configuration first (patch
+        # ``config-from-store``), its changes stored with the door and audited.
+        "scheduler_config",
     ],
 )
 async def test_checked_in_histories_replay(name: str) -> None:

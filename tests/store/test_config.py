@@ -1,0 +1,84 @@
+"""Configuration in SQL (``headway.store.config``): saved whole, loaded back, audited once
+per change however often it is written, seeded only into a tenant never seen."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from headway.store import LeaseStore
+from headway.store.config import ORG, QUEUE, ConfigStore
+
+from .test_leases import PG
+
+BACKENDS = ["sqlite", *(["postgresql"] if PG else [])]
+
+
+@pytest.fixture(params=BACKENDS)
+def config(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ConfigStore]:
+    url = f"sqlite:///{tmp_path / 'c.db'}" if request.param == "sqlite" else PG
+    s = LeaseStore(url)
+    try:
+        yield ConfigStore(s)
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def tenant(request: pytest.FixtureRequest) -> str:
+    # Unique per test: the PostgreSQL database is shared between tests.
+    return "t-" + str(abs(hash(request.node.nodeid)) % 10**9)
+
+
+def change(token: str, old: object, new: object, change: str = "update") -> dict[str, object]:
+    return {
+        "kind": QUEUE,
+        "name": "q",
+        "change": change,
+        "who": "ann@host",
+        "source": "cli",
+        "at": 100.0,
+        "old": old,
+        "new": new,
+        "token": token,
+    }
+
+
+def test_save_replaces_the_configuration_and_load_reads_it_back(
+    config: ConfigStore, tenant: str
+) -> None:
+    config.save(tenant, {"a": {"name": "a"}, "b": {"name": "b", "depth": 3}}, {"x": 1})
+    assert config.load(tenant) == {
+        "queues": [{"name": "a"}, {"name": "b", "depth": 3}],
+        "org": {"x": 1},
+    }
+    config.save(tenant, {"b": {"name": "b", "depth": 4}}, None)
+    assert config.load(tenant) == {"queues": [{"name": "b", "depth": 4}], "org": None}
+    assert tenant in config.tenants()
+
+
+def test_an_audit_row_is_written_once_per_token(config: ConfigStore, tenant: str) -> None:
+    q1, q2 = {"name": "q", "depth": 1}, {"name": "q", "depth": 2}
+    config.save(tenant, {"q": q1}, None, [change("r1:1", None, q1, "create")])
+    config.save(
+        tenant, {"q": q2}, None, [change("r1:1", None, q1, "create"), change("r1:2", q1, q2)]
+    )
+    config.save(tenant, {"q": q2}, None, [change("r1:2", q1, q2)])  # a retried write
+    rows = config.history(tenant, QUEUE, "q")
+    assert [(r["change"], r["old"], r["new"]) for r in rows] == [
+        ("create", None, q1),
+        ("update", q1, q2),
+    ]
+    assert rows[0]["who"] == "ann@host" and rows[0]["source"] == "cli" and rows[0]["at"] == 100.0
+    assert config.history(tenant, ORG) == []
+    assert [r["new"] for r in config.history(tenant, QUEUE, "q", limit=1)] == [q2]
+
+
+def test_seed_fills_only_a_tenant_never_seen(config: ConfigStore, tenant: str) -> None:
+    assert config.seed(tenant, [{"name": "default"}], who="worker", source="fleet")
+    assert config.load(tenant)["queues"] == [{"name": "default"}]
+    assert [r["source"] for r in config.history(tenant, QUEUE, "default")] == ["fleet"]
+    config.save(tenant, {}, None)  # every queue deleted since: the tenant is still known
+    assert not config.seed(tenant, [{"name": "default"}], who="worker", source="fleet")
+    assert config.load(tenant)["queues"] == []
