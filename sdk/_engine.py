@@ -14,7 +14,9 @@ wins (temporalio/sdk-python#300). So:
   action's result, is asked in rounds of :data:`LONG_POLL_S` seconds;
 - at exit (``atexit``, while the interpreter is still whole) the loop cancels the
   callers' waits, lets every RPC in flight complete (at most one round), and only then
-  stops: by finalization no Rust future is left to call back.
+  stops; the exit then sleeps :data:`EXIT_GRACE_S`, leaving the GIL to the Rust thread
+  that delivered the last result (it may have been switched out in the middle of its
+  hold): by finalization no Rust thread is left in Python, nor any future to call back.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import concurrent.futures
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,6 +48,9 @@ T = TypeVar("T")
 LONG_POLL_S = 3.0
 #: How long the exit waits for RPCs in flight before giving up on a clean teardown.
 EXIT_WAIT_S = 3 * LONG_POLL_S
+
+#: How long the exit leaves the GIL to other threads once the loop stopped.
+EXIT_GRACE_S = 0.2
 
 ADDRESS_ENV = "HEADWAY_TEMPORAL_ADDRESS"
 NAMESPACE_ENV = "HEADWAY_NAMESPACE"
@@ -211,6 +217,11 @@ class Engine:
             asyncio.run_coroutine_threadsafe(drain(), loop).result(2 * EXIT_WAIT_S + 1)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+        # The Rust thread that completed the last RPC scheduled its result on the loop
+        # from inside its own hold of the GIL, and Python code there can be switched out
+        # before that hold is released: give it the GIL back (sleeping releases it) so it
+        # is out of Python before finalization starts.
+        time.sleep(EXIT_GRACE_S)
 
 
 class _TrackedServiceClient:

@@ -631,6 +631,28 @@ def _value_of(res: ActionResult, req: SubmitRequest) -> Any:
     )
 
 
+async def _submit_retrying(client: Any, req: SubmitRequest) -> Any:
+    """``submit_action``, again with the same id when the server lost track of its own
+    answer: a loaded server whose start outlived the client's deadline answers the
+    client's retry "not started: StartDeduped" although it started the workflow; the
+    same submission again finds that action (submission is idempotent by id)."""
+    from headway.workflows import client as hw
+    from temporalio.service import RPCError, RPCStatusCode
+
+    for attempt in range(6):
+        try:
+            return await hw.submit_action(client, req)
+        except RPCError as err:
+            transient = "StartDeduped" in str(err) or err.status in (
+                RPCStatusCode.DEADLINE_EXCEEDED,
+                RPCStatusCode.UNAVAILABLE,
+            )
+            if not transient or attempt == 5:
+                raise
+            await asyncio.sleep(0.2 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
 class Run:
     """A run: actions submitted together (the main action and every child it awaits).
 
@@ -649,14 +671,19 @@ class Run:
         return f"{_ui_base()}/namespaces/{self.connection.namespace}/workflows?query={query}"
 
     async def _submit(
-        self, task: TaskTemplate[Any, Any], inputs: str, *, parent: str | None = None
+        self,
+        task: TaskTemplate[Any, Any],
+        inputs: str,
+        *,
+        parent: str | None = None,
+        action_id: str | None = None,
     ) -> Action:
-        """Submit one call of ``task`` in this run (on the SDK's loop)."""
-        from headway.workflows import client as hw
+        """Submit one call of ``task`` in this run (on the SDK's loop); ``action_id``
+        names it (a refused one may be submitted again under the same id)."""
 
         conn = self.connection
         queue = task.queue or task.env.queue or self.queue or "default"
-        action_id = (
+        action_id = action_id or (
             f"{self.name}-{task.name}"
             if parent is None
             else f"{self.name}-{task.name}-{uuid.uuid4().hex[:6]}"
@@ -702,7 +729,7 @@ class Run:
             labels={"headway.io/parent": parent} if parent else {},
         )
         client = await ENGINE.client(conn)
-        sub = await hw.submit_action(client, req)
+        sub = await _submit_retrying(client, req)
         answer = sub.answer
         if answer is not None and not answer.accepted:
             raise rejection(
@@ -831,6 +858,8 @@ async def map(
         async with gate:
             while True:
                 try:
+                    # A new id per try: a refused one is a rejected action that holds
+                    # nothing (submitting its id again races its workflow's close).
                     action = await run_._submit(task, inputs_, parent=ctx.action_id)
                     break
                 except SubmissionRejected as exc:

@@ -48,11 +48,11 @@ async def _client(stack: Stack) -> Client:
     return await Client.connect(stack.address, data_converter=protocol.data_converter())
 
 
-async def _actions(stack: Stack, run: str) -> dict[str, hw.ActionDetails]:
+async def _actions(stack: Stack, run: str, expect: int = 1) -> dict[str, hw.ActionDetails]:
     client = await _client(stack)
-    for _ in range(100):  # visibility lags the workflows by a moment
-        rows = await hw.list_actions(client, "default", run=run)
-        if rows and all(r.status != "running" for r in rows):
+    for _ in range(300):  # visibility lags the workflows by a moment
+        rows = await hw.list_actions(client, "default", run=run, limit=None)
+        if len(rows) >= expect and all(r.status != "running" for r in rows):
             break
         await asyncio.sleep(0.1)
     return {r.action_id: await hw.action_details(client, "default", r.action_id) for r in rows}
@@ -68,7 +68,7 @@ def test_the_readme_program_prints_its_link_and_9(stack: Stack, tmp_path: Path):
     assert url.startswith(f"{UI}/namespaces/default/workflows?query=HeadwayRun%3D%22")
     run = url.rsplit("%3D%22", 1)[1].removesuffix("%22")
 
-    actions = asyncio.run(_actions(stack, run))
+    actions = asyncio.run(_actions(stack, run, expect=3))
     by_task = {d.request.task: d for d in actions.values() if d.request is not None}
     assert set(by_task) == {"pipeline.main", "pipeline.score", "pipeline.heavy_task"}
     main, score, heavy = (by_task[f"pipeline.{t}"] for t in ("main", "score", "heavy_task"))
@@ -154,7 +154,7 @@ def test_an_unknown_queue_in_override_is_rejected_at_the_door(stack: Stack, tmp_
     # Nothing half-submitted: the refused actions hold nothing and ran nothing.
     refused = asyncio.run(_actions(stack, "route-2"))
     assert [d.state for d in refused.values()] == ["rejected"]
-    route1 = asyncio.run(_actions(stack, "route-1"))
+    route1 = asyncio.run(_actions(stack, "route-1", expect=2))
     assert sorted(d.state for d in route1.values()) == ["rejected", "succeeded"]
 
 
@@ -233,7 +233,7 @@ def test_ray_and_spark_tasks_are_admitted_whole(stack: Stack, tmp_path: Path):
     assert out.returncode == 0, out.stderr
     # Every pod of the gang ran the function; the result is the head's (the driver's).
     assert out.lines == ["ray 3", "spark 4"]
-    actions = asyncio.run(_actions(stack, "gangs-1"))
+    actions = asyncio.run(_actions(stack, "gangs-1", expect=2))
     demands = {d.request.task: d.request.demand for d in actions.values() if d.request}
     assert demands["ray.on_ray"].ray == {
         "head": {"cpu": 2, "memory": "4Gi"},
@@ -244,3 +244,43 @@ def test_ray_and_spark_tasks_are_admitted_whole(stack: Stack, tmp_path: Path):
         "executor": {"cpu": 1, "memory": "1Gi"},
         "executors": 3,
     }
+
+
+def test_map_fans_out_child_actions_with_backpressure(stack: Stack, tmp_path: Path):
+    """60 tiny tasks through headway.map onto a queue 10 deep: the door refuses what does
+    not fit (QueueFull), map submits it again later, and every result comes back in order."""
+
+    async def shallow_queue() -> None:
+        client = await _client(stack)
+        await hw.upsert_queue(client, "default", {"name": "shallow", "depth": 10})
+
+    asyncio.run(shallow_queue())
+    out = run_program(
+        stack,
+        tmp_path,
+        """\
+        import headway
+
+        env = headway.TaskEnvironment(name="fan", resources=headway.Resources(cpu="100m"))
+
+        @env.task
+        async def square(x: int) -> int:
+            return x * x
+
+        @env.task
+        async def fan(n: int) -> list[int]:
+            return await headway.map(square.override(queue="shallow"), range(n))
+
+        if __name__ == "__main__":
+            print(sum(headway.with_runcontext(queue="default", name="fan-1").run(fan, n=60).wait()))
+        """,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.lines == [str(sum(x * x for x in range(60)))]
+    actions = asyncio.run(_actions(stack, "fan-1", expect=61))
+    done = [d for d in actions.values() if d.queue == "shallow" and d.state == "succeeded"]
+    assert len(done) == 60
+    # What the door refused was refused whole: rejected for the depth, holding nothing.
+    refused = [d for d in actions.values() if d.state == "rejected"]
+    assert all(d.reason == "QueueDepthExceeded" for d in refused)
