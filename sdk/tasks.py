@@ -40,7 +40,16 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast, get_type_hints
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    ParamSpec,
+    TypeVar,
+    cast,
+    get_type_hints,
+    overload,
+)
 from urllib.parse import quote
 
 from headway.protocol import DemandRequest, SubmitRequest
@@ -232,9 +241,18 @@ class TaskEnvironment:
         """Environment variables the task's process gets."""
         return dict(self.env_vars)
 
+    @overload
+    def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> TaskTemplate[P, R]: ...
+
+    @overload
+    def task(
+        self, fn: None = None, /, *, name: str | None = None, estimate: float | None = None
+    ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], TaskTemplate[P, R]]: ...
+
     def task(
         self,
         fn: Callable[P, Coroutine[Any, Any, R]] | None = None,
+        /,
         *,
         name: str | None = None,
         estimate: float | None = None,

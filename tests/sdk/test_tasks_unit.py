@@ -28,7 +28,7 @@ def nowhere() -> None:
 
 def test_an_argument_that_is_not_json_is_refused_before_anything_is_sent():
     with pytest.raises(headway.SerializationError) as err:
-        headway.with_runcontext(queue="default").run(total, batch={1, 2}, scale=1.0)
+        headway.with_runcontext(queue="default").run(total, batch={1, 2}, scale=1.0)  # type: ignore[arg-type]
     message = str(err.value)
     assert "argument 'batch' of task 'total'" in message and "{1, 2}" in message
     assert "set" in message
