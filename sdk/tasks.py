@@ -776,6 +776,30 @@ class Run:
         """``wait()`` for async code."""
         return await self._main().result()
 
+    def cancel(self) -> int:
+        """Cancel every action of the run still in flight (the main one and its
+        children); their pods are deleted. Returns how many were asked to stop;
+        ``wait()`` then raises ``TaskCancelled``."""
+        return ENGINE.run(self._cancel())
+
+    async def cancel_async(self) -> int:
+        """:meth:`cancel` for async code."""
+        return await ENGINE.run_async(self._cancel())
+
+    async def _cancel(self) -> int:
+        from headway.workflows import client as hw
+
+        client = await ENGINE.client(self.connection)
+        tenant = self.connection.tenant
+        ids = {self._main().id}
+        rows = await hw.list_actions(client, tenant, run=self.name, in_flight=True, limit=None)
+        ids.update(r.action_id for r in rows)
+        done = await asyncio.gather(
+            *(hw.cancel_action(client, tenant, i, wait=False) for i in sorted(ids)),
+            return_exceptions=True,
+        )
+        return sum(1 for d in done if not isinstance(d, BaseException) and d.requested)
+
     def _main(self) -> Action:
         if self.action is None:
             raise RuntimeError(f"run {self.name!r} has no action")

@@ -284,3 +284,35 @@ def test_map_fans_out_child_actions_with_backpressure(stack: Stack, tmp_path: Pa
     # What the door refused was refused whole: rejected for the depth, holding nothing.
     refused = [d for d in actions.values() if d.state == "rejected"]
     assert all(d.reason == "QueueDepthExceeded" for d in refused)
+
+
+def test_a_cancelled_run_raises_task_cancelled(stack: Stack, tmp_path: Path):
+    out = run_program(
+        stack,
+        tmp_path,
+        """\
+        import asyncio
+        import headway
+
+        env = headway.TaskEnvironment(name="slow", resources=headway.Resources(cpu=1))
+
+        @env.task
+        async def nap() -> int:
+            await asyncio.sleep(120)
+            return 1
+
+        if __name__ == "__main__":
+            run = headway.with_runcontext(queue="default", name="cancel-1").run(nap)
+            try:
+                run.wait(timeout=1)
+            except TimeoutError:
+                print("still running")
+            print(run.cancel())
+            try:
+                run.wait(timeout=60)
+            except headway.TaskCancelled as exc:
+                print(type(exc).__name__, exc.action_id)
+        """,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.lines == ["still running", "1", "TaskCancelled cancel-1-nap"]
