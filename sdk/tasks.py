@@ -920,7 +920,3 @@ async def map(
         )
 
     return await ENGINE.run_async(all_())
-
-
-def _enter(ctx: _TaskContext) -> contextvars.Token[_TaskContext | None]:
-    return _CONTEXT.set(ctx)
