@@ -180,6 +180,9 @@ class ActionEvent:
     exit_code: int | None = None
     message: str = ""
     observed_at: float = 0.0  # unix seconds at the cluster worker when it saw it
+    #: What the action's code returned (SDK tasks): a JSON document, on its terminal
+    #: event only (``headway.sdk.run`` writes it; None for actions that run no SDK code).
+    output: str | None = None
 
 
 @dataclass

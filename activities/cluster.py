@@ -149,6 +149,7 @@ class GangTracker:
         self.nodes: dict[str, str] = {}
         self._latest: dict[str, tuple[ActionEventKind, str]] = {}
         self._succeeded: set[str] = set()
+        self._outputs: dict[str, str] = {}
         self.terminal: ActionEvent | None = None
         # Whether the workflow has heard ``terminal`` (its signal was recorded).
         self.terminal_told = False
@@ -183,6 +184,8 @@ class GangTracker:
             self.terminal = event
             return [event]
         self._succeeded.add(key)
+        if event.output is not None:
+            self._outputs[key] = event.output
         if event.pod is None or self._succeeded >= set(self.pods):
             self.terminal = (
                 event
@@ -194,6 +197,9 @@ class GangTracker:
                     exit_code=0,
                     message=f"all {len(self.pods)} pods succeeded",
                     observed_at=event.observed_at,
+                    # A gang's output is its first pod's (rank 0, the Ray head, the
+                    # Spark driver), as an SDK task returns one value.
+                    output=self._outputs.get(self.pods[0]),
                 )
             )
             return [self.terminal]

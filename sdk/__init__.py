@@ -1,10 +1,68 @@
-"""Headway's Python SDK: submit actions to queues, pin runs, override per task, wait.
+"""Headway's Python SDK.
 
-See :mod:`headway.sdk.client` for an example.
+Task environments and tasks (``TaskEnvironment``, ``@env.task``, ``with_runcontext``, see
+:mod:`headway.sdk.tasks`), also importable from ``headway`` itself; and the lower-level
+``Client`` / ``Task`` that submit container actions (:mod:`headway.sdk.client`).
 """
 
 from __future__ import annotations
 
-from .client import Action, Client, Resources, Run, Task
+from ._engine import ServerUnreachable
+from .client import (
+    Action,
+    Client,
+    QueueDraining,
+    QueueFull,
+    RateLimited,
+    Resources,
+    Run,
+    SubmissionRejected,
+    Task,
+    UnknownQueue,
+)
+from .tasks import (
+    ClusteredTaskEnvironment,
+    HeadwayError,
+    RayEnvironment,
+    RunContext,
+    SerializationError,
+    SparkEnvironment,
+    TaskCancelled,
+    TaskEnvironment,
+    TaskFailed,
+    TaskTemplate,
+    TaskTimedOut,
+    TorchRun,
+    init,
+    map,
+    with_runcontext,
+)
 
-__all__ = ["Action", "Client", "Resources", "Run", "Task"]
+__all__ = [
+    "Action",
+    "Client",
+    "ClusteredTaskEnvironment",
+    "HeadwayError",
+    "QueueDraining",
+    "QueueFull",
+    "RateLimited",
+    "RayEnvironment",
+    "Resources",
+    "Run",
+    "RunContext",
+    "SerializationError",
+    "ServerUnreachable",
+    "SparkEnvironment",
+    "SubmissionRejected",
+    "Task",
+    "TaskCancelled",
+    "TaskEnvironment",
+    "TaskFailed",
+    "TaskTemplate",
+    "TaskTimedOut",
+    "TorchRun",
+    "UnknownQueue",
+    "init",
+    "map",
+    "with_runcontext",
+]

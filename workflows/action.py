@@ -65,6 +65,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 __all__ = [
+    "PARENT_LABEL",
     "SA",
     "SUBMITTED_UPDATE",
     "ActionResult",
@@ -87,6 +88,9 @@ ANSWER_WAIT_S = 0.25
 #: soon as the door decided; the client sends it with the start (update-with-start).
 SUBMITTED_UPDATE = "submitted"
 
+#: Label an SDK task's child action carries: its parent action's id.
+PARENT_LABEL = "headway.io/parent"
+
 #: Events kept on the workflow for the ``state`` query (the oldest are dropped first,
 #: the terminal one is always kept).
 MAX_EVENTS = 100
@@ -102,6 +106,10 @@ def start_attributes(
     ``running``) instead of once at start and again at admission.
     """
     memo = {"action_id": req.action_id, "queue": req.queue, "tenant": req.tenant, "run": req.run}
+    parent = req.labels.get(PARENT_LABEL)
+    if parent:
+        # An SDK task's child action names its parent's workflow, shown in the Web UI.
+        memo["parent"] = protocol.action_workflow_id(req.tenant, parent)
     if req.revision >= 2:
         return None, memo
     sa = TypedSearchAttributes(
@@ -171,6 +179,8 @@ class ActionResult:
     reasons: list[str] = field(default_factory=list)
     exit_code: int | None = None
     message: str = ""
+    #: What the action's code returned (an SDK task's JSON output document), else None.
+    output: str | None = None
 
 
 # Unsandboxed: thousands of these run per minute, and the sandbox costs each activation
@@ -414,10 +424,16 @@ class ActionWorkflow:
         if self._terminal is None or self._terminal.kind != result.kind:
             self.action_event(result)
         if result.kind == ActionEventKind.SUCCEEDED:
-            return self._end("succeeded", "Succeeded", exit_code=result.exit_code)
+            return self._end(
+                "succeeded", "Succeeded", exit_code=result.exit_code, output=result.output
+            )
         reason = str(result.kind.value)
         res = self._end(
-            "failed", reason, exit_code=result.exit_code, message=result.message or reason
+            "failed",
+            reason,
+            exit_code=result.exit_code,
+            message=result.message or reason,
+            output=result.output,
         )
         raise ApplicationError(
             f"action {req.action_id} {reason}: {result.message}".rstrip(": "),
@@ -463,6 +479,7 @@ class ActionWorkflow:
         *,
         exit_code: int | None = None,
         message: str = "",
+        output: str | None = None,
     ) -> ActionResult:
         st = self._status
         st.state, st.reason = state, reason
@@ -476,6 +493,7 @@ class ActionWorkflow:
             reasons=list(st.reasons),
             exit_code=exit_code,
             message=message,
+            output=output,
         )
 
     def _end_rejected(

@@ -58,6 +58,7 @@ from .base import (
     pod_name,
     sanitize_dns1123,
 )
+from .sim_task import is_task_command, master_port, outcome_of, run_task_process
 
 __all__ = ["DEFAULT_DURATION_S", "INJECTABLE_FAULTS", "STATE_VERSION", "SimBackend"]
 
@@ -207,6 +208,13 @@ class SimBackend:
         self._outbox: list[dict[str, Any]] = []
         self._started = False
         self.state_path: Path | None = None
+        # SDK tasks' outcome documents and logs (``sim_task``): kept with the state, so a
+        # restarted worker finds what a task wrote while none ran.
+        self._task_dir = (
+            Path(state_dir) / f"tasks-{sanitize_dns1123(self.name)}"
+            if state_dir is not None
+            else Path(tempfile.gettempdir()) / f"headway-sim-{os.getpid()}-{id(self):x}"
+        )
         if state_dir is not None:
             self.state_path = Path(state_dir) / f"sim-{sanitize_dns1123(self.name)}.json"
             self._load()
@@ -567,6 +575,7 @@ class SimBackend:
         *,
         exit_code: int | None = None,
         message: str = "",
+        output: str | None = None,
     ) -> None:
         event = ActionEvent(
             action_id=pod.action_id,
@@ -577,6 +586,7 @@ class SimBackend:
             exit_code=exit_code,
             message=message,
             observed_at=self.clock(),
+            output=output,
         )
         pod.last = event
         if kind in TERMINAL_EVENTS:
@@ -597,9 +607,10 @@ class SimBackend:
         exit_code: int | None = None,
         message: str = "",
         keep_holding: bool = False,
+        output: str | None = None,
     ) -> None:
         pod.holds = keep_holding
-        self._emit(pod, kind, exit_code=exit_code, message=message)
+        self._emit(pod, kind, exit_code=exit_code, message=message, output=output)
         if not keep_holding:
             self._ended(pod, str(kind), self.clock())
         self._changed()
@@ -720,9 +731,14 @@ class SimBackend:
             )
             self._persist()
             return
-        if pod.last is None or pod.last.kind is not _K.RUNNING:
+        resumed = pod.last is not None and pod.last.kind is _K.RUNNING
+        if not resumed:
             self._emit(pod, _K.RUNNING)
             self._persist()
+        if is_task_command(pod.spec.command):
+            await self._run_task(pod, resumed=resumed)
+            self._persist()
+            return
         await self._until(pod.ends_at)
         if pod.inject == "oom":
             self._end(pod, _K.OOM_KILLED, exit_code=137, message="OOMKilled")
@@ -736,6 +752,52 @@ class SimBackend:
         else:
             self._end(pod, _K.SUCCEEDED, exit_code=0, message="Completed")
         self._persist()
+
+    def _task_files(self, pod: _SimPod) -> tuple[Path, Path]:
+        base = self._task_dir / sanitize_dns1123(pod.name)
+        return base.with_suffix(".json"), base.with_suffix(".log")
+
+    async def _run_task(self, pod: _SimPod, *, resumed: bool) -> None:
+        """Run an SDK task's pod as a real process (see ``sim_task``); never twice: a
+        pod resumed by a restarted worker ends with what its process wrote, or PodLost."""
+        output, log_file = self._task_files(pod)
+        if resumed:
+            if output.exists():
+                done = outcome_of(0, output, log_file)
+            else:
+                self._end(
+                    pod,
+                    _K.POD_LOST,
+                    message="PodLost: its task process went with an earlier worker (not run again)",
+                )
+                return
+        else:
+            gang = sorted(
+                (p for p in self._pods.values() if p.action_id == pod.action_id),
+                key=lambda p: p.spec.index,
+            )
+            env = {
+                **pod.spec.env,
+                "HEADWAY_ACTION_ID": pod.action_id,
+                "HEADWAY_POD": pod.name,
+                "HEADWAY_CLUSTER": self.name,
+                "RANK": str(pod.spec.index),
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": str(len(gang)),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(master_port(pod.action_id)),
+            }
+            done = await run_task_process(pod.spec.command, env, output, log_file)
+        if done.ok:
+            self._end(pod, _K.SUCCEEDED, exit_code=0, message=done.message, output=done.document)
+        else:
+            self._end(
+                pod,
+                _K.FAILED,
+                exit_code=done.exit_code,
+                message=done.message,
+                output=done.document,
+            )
 
     # --- durable state ------------------------------------------------------------------
 

@@ -1,0 +1,115 @@
+"""The entrypoint of an SDK task's pod: ``python -m headway.sdk.run --module M --task F ...``.
+
+It puts the code root on ``sys.path``, imports the task's module (as itself, never as
+``__main__``: a script's ``if __name__ == "__main__":`` block does not run again),
+decodes the JSON arguments against the function's annotations, runs the function, and
+writes the outcome as one JSON document to ``$HEADWAY_OUTPUT_FILE`` (on Kubernetes the
+container's termination message, ``/dev/termination-log``):
+``{"ok": true, "output": VALUE}`` or ``{"ok": false, "error": {"type", "message",
+"traceback"}}``. Exit code 0 when the function returned, 1 when it raised.
+
+Tasks it awaits are submitted as child actions of this one, in its run, to the Temporal
+server named by ``--address`` (``HEADWAY_TEMPORAL_ADDRESS`` in the pod wins, for a
+cluster that reaches Temporal by another name than the submitter did).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+__all__ = ["main"]
+
+#: Most of a traceback kept in the outcome document.
+MAX_TRACEBACK = 8000
+#: The largest outcome document (Temporal carries it in the action's result).
+MAX_OUTPUT_BYTES = 512 * 1024
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m headway.sdk.run")
+    p.add_argument("--module", required=True)
+    p.add_argument("--task", required=True)
+    p.add_argument("--root", required=True)
+    p.add_argument("--action", required=True)
+    p.add_argument("--run", required=True)
+    p.add_argument("--run-queue", default=None)
+    p.add_argument("--address", required=True)
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--tenant", default="default")
+    p.add_argument("--env", action="append", default=[])
+    p.add_argument("--inputs", required=True)
+    return p.parse_args(argv)
+
+
+def _run(args: argparse.Namespace) -> Any:
+    from headway.sdk._engine import ADDRESS_ENV, Connection
+    from headway.sdk.tasks import _CONTEXT, TaskTemplate, _TaskContext
+
+    for pair in args.env:
+        key, _, value = pair.partition("=")
+        os.environ.setdefault(key, value)
+    if args.root not in sys.path:
+        sys.path.insert(0, args.root)
+    module = importlib.import_module(args.module)
+    task = getattr(module, args.task, None)
+    if not isinstance(task, TaskTemplate):
+        raise LookupError(f"{args.module}.{args.task} is not a task (under {args.root})")
+    inputs = task.decode_inputs(args.inputs)
+    conn = Connection(
+        address=os.environ.get(ADDRESS_ENV) or args.address,
+        namespace=args.namespace,
+        tenant=args.tenant,
+    )
+    _CONTEXT.set(_TaskContext(conn, args.run, args.run_queue, args.action))
+    result = asyncio.run(task.func(**inputs))
+    return task.encode_output(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one task call; write its outcome document; 0 if it returned, else 1."""
+    args = _parse(argv)
+    try:
+        doc: dict[str, Any] = {"ok": True, "output": _run(args)}
+        code = 0
+    except BaseException as exc:  # everything the task raised is its outcome
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            doc, code = {"ok": True, "output": None}, 0
+        else:
+            doc = {
+                "ok": False,
+                "error": {
+                    "type": type(exc).__name__,
+                    "message": str(exc),
+                    "traceback": traceback.format_exc()[-MAX_TRACEBACK:],
+                },
+            }
+            code = 1
+            traceback.print_exc()
+    text = json.dumps(doc, separators=(",", ":"))
+    if len(text.encode()) > MAX_OUTPUT_BYTES:
+        doc = {
+            "ok": False,
+            "error": {
+                "type": "SerializationError",
+                "message": f"the result is {len(text.encode())} bytes of JSON, more than"
+                f" {MAX_OUTPUT_BYTES} (return a reference, e.g. a URL, instead of the data)",
+                "traceback": "",
+            },
+        }
+        text, code = json.dumps(doc), 1
+    path = os.environ.get("HEADWAY_OUTPUT_FILE") or "/dev/termination-log"
+    with open(path, "w") as fh:
+        fh.write(text)
+    sys.stdout.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
