@@ -38,31 +38,8 @@ __all__ = [
     "with_runcontext",
 ]
 
-_SDK = (
-    "ClusteredTaskEnvironment",
-    "HeadwayError",
-    "QueueDraining",
-    "QueueFull",
-    "RateLimited",
-    "RayEnvironment",
-    "Resources",
-    "RunContext",
-    "SerializationError",
-    "ServerUnreachable",
-    "SparkEnvironment",
-    "SubmissionRejected",
-    "TaskCancelled",
-    "TaskEnvironment",
-    "TaskFailed",
-    "TaskTemplate",
-    "TaskTimedOut",
-    "TorchRun",
-    "UnknownQueue",
-    "init",
-    "map",
-    "run",
-    "with_runcontext",
-)
+# The names loaded from headway.sdk on first use: every public name but the version.
+_SDK = frozenset(__all__) - {"__version__"}
 
 if TYPE_CHECKING:
     from headway.sdk import (
