@@ -749,17 +749,6 @@ class Run:
         client = await ENGINE.client(conn)
         sub = await _submit_retrying(client, req)
         answer = sub.answer
-        if answer is None and sub.result is not None and sub.result.state == "rejected":
-            # A retried submission (StartDeduped) found its own first try, rejected: the
-            # same answer, not a run that silently never starts.
-            raise rejection(
-                req.tenant,
-                req.action_id,
-                req.queue,
-                sub.result.reason or "Rejected",
-                sub.result.message,
-                None,
-            )
         if answer is not None and not answer.accepted:
             raise rejection(
                 req.tenant,

@@ -43,6 +43,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowUpdateFailedError,
 )
 from temporalio.common import (
     TypedSearchAttributes,
@@ -112,7 +113,9 @@ class Submission:
             a new one, else the existing action's (``waiting``, ``running``,
             ``succeeded``, ``failed``, ...).
         result: how the existing action ended, when it has.
-        answer: the door's answer to a new one (None for an existing one).
+        answer: the door's answer: to a new one, to an existing one still running
+            (awaited if it had not passed its door yet) and to one that was refused;
+            None for an existing one that was accepted and has ended.
     """
 
     handle: WorkflowHandle[ActionWorkflow, ActionResult]
@@ -258,8 +261,9 @@ async def _existing(
             [],
             f"its workflow {handle.id!r} is a {desc.workflow_type}, not an action",
         )
+    running = desc.status == WorkflowExecutionStatus.RUNNING
     result: ActionResult | None = None
-    if desc.status == WorkflowExecutionStatus.RUNNING:
+    if running:
         state = desc.typed_search_attributes.get(SA["HeadwayState"]) or "submitting"
     else:
         result = await wait_result(handle, action_id=req.action_id)
@@ -272,7 +276,32 @@ async def _existing(
     differences = _differences(before, req)
     if differences:
         raise ActionConflictError(req.tenant, req.action_id, state, differences)
-    return Submission(handle, created=False, state=state, result=result)
+    # The same submission. One still running may not have passed its door yet (a retry
+    # racing its own first try): its answer is the door's, awaited like the first
+    # try's, so a refusal is never reported as a run that silently never starts.
+    answer = await _door_answer(handle) if running else None
+    if answer is not None:
+        return Submission(handle, created=False, state=answer.state, answer=answer)
+    if result is None:
+        result = await wait_result(handle, action_id=req.action_id)
+    if result.state == "rejected":
+        # Refused at its door, ended before it could say so to this call: the same
+        # answer (a rejected id is submitted afresh only by a later call).
+        answer = SubmitAnswer(req.action_id, False, "rejected", result.reason, result.message)
+    return Submission(handle, created=False, state=result.state, result=result, answer=answer)
+
+
+async def _door_answer(
+    handle: WorkflowHandle[ActionWorkflow, ActionResult],
+) -> SubmitAnswer | None:
+    """The door's answer to a running action (at once when it has passed the door);
+    None when the action ended before it could answer."""
+    try:
+        return await handle.execute_update(SUBMITTED_UPDATE, result_type=SubmitAnswer)
+    except (RPCError, WorkflowUpdateFailedError):
+        # Completed meanwhile (an update cannot reach a closed workflow): its result
+        # says how it ended.
+        return None
 
 
 async def _started_request(

@@ -229,3 +229,26 @@ async def test_an_accepted_submission_is_answered_and_resubmitting_it_is_idempot
     res = await hw.wait_result(sub.handle)
     assert res.state == "succeeded"
     await eventually(lambda: _queue_idle(plane.client, tenant, "default"))
+
+
+async def test_the_same_submission_racing_itself_gets_the_door_answer_every_time(
+    plane: Plane, tenant: str
+) -> None:
+    # A client retry (StartDeduped, a lost deadline) arrives while its first try is
+    # still at the door: it must hear the door's answer, never "exists, waiting" for an
+    # action that the door then refuses.
+    await hw.upsert_queue(plane.client, tenant, {"name": "default"}, plane.fleet)
+    refused = await asyncio.gather(
+        *(hw.submit_action(plane.client, req(tenant, "race-x", "nowhere")) for _ in range(6))
+    )
+    assert [(s.state, s.answer and s.answer.reason) for s in refused] == [
+        ("rejected", "UnknownQueue")
+    ] * 6
+    taken = await asyncio.gather(
+        *(hw.submit_action(plane.client, req(tenant, "race-ok", "default")) for _ in range(6))
+    )
+    assert sum(s.created for s in taken) == 1
+    for sub in taken:
+        assert sub.answer is not None and sub.answer.accepted, sub
+        assert sub.handle.id == taken[0].handle.id
+    assert (await hw.wait_result(taken[0].handle)).state == "succeeded"
