@@ -297,7 +297,10 @@ async def _door_answer(
     """The door's answer to a running action (at once when it has passed the door);
     None when the action ended before it could answer."""
     try:
-        return await handle.execute_update(SUBMITTED_UPDATE, result_type=SubmitAnswer)
+        answer: SubmitAnswer = await handle.execute_update(
+            SUBMITTED_UPDATE, result_type=SubmitAnswer
+        )
+        return answer
     except (RPCError, WorkflowUpdateFailedError):
         # Completed meanwhile (an update cannot reach a closed workflow): its result
         # says how it ended.
