@@ -15,52 +15,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from headway.cli._common import load_fleet
-from headway.cli._stack import Stack, _headway, wait_ready
-from temporalio.testing import WorkflowEnvironment
+from headway.cli._common import free_port, load_fleet
+from headway.cli._stack import Stack, running_stack, wait_ready
 
 UI = "http://ui.test:8233"
 
 
 @pytest.fixture(scope="package")
-def stack(
-    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Stack]:
-    address = temporal_env.client.service_client.config.target_host
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    # Its own Temporal server, as `headway up` starts one: a Headway deployment is one
+    # Temporal namespace and one store. On the session's shared server, the tenant's
+    # scheduler workflow would be the one earlier packages started, and its door (the
+    # settings every submission is decided against) would be in their stores, not this
+    # one's: every submission would pass the door here.
     data_dir = tmp_path_factory.mktemp("sdk")
-    fleet = load_fleet(None)
-    s = Stack(data_dir, address, None)
-    try:
-        common = ["--address", address]
-        s.spawn(
-            "control-plane",
-            _headway(
-                *common,
-                "worker",
-                "control-plane",
-                "--database-url",
-                f"sqlite:///{data_dir / 'headway.db'}",
-            ),
-        )
-        for c in fleet.clusters:
-            s.spawn(
-                f"cluster-{c.name}",
-                _headway(
-                    *common,
-                    "worker",
-                    "cluster",
-                    "--name",
-                    c.name,
-                    "--backend",
-                    "sim",
-                    "--state-dir",
-                    str(data_dir / "sim-state"),
-                ),
-            )
-        asyncio.run(wait_ready(s, fleet))
+    with running_stack(
+        data_dir,
+        port=free_port(),
+        headless=True,
+        database_url=f"sqlite:///{data_dir / 'headway.db'}",
+    ) as s:
+        asyncio.run(wait_ready(s, load_fleet(None)))
         yield s
-    finally:
-        s.stop()
 
 
 @dataclass
