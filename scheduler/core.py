@@ -889,6 +889,12 @@ class Scheduler:
         self._org_epoch = 0
         self._hist_epoch = 0
         self._dkeys: dict[Any, int] = {}
+        # Demands of unlike pods (a cpu-heavy pod and a memory-heavy one): best fit of
+        # such a gang is not monotone in free capacity (another admission can move its
+        # first pod elsewhere and make room for the second), so "no room" is never
+        # remembered for them within a pass (``_infeasible``, ``_noroom``); answers
+        # dated by a cluster's version (one free state) still are.
+        self._unlike: set[int] = set()
         self._classes: dict[tuple[Any, ...], int] = {}
         self._could_hold: dict[tuple[int, int], bool] = {}
         # The queues in visiting order, their sort keys in the same order and by queue
@@ -1149,6 +1155,8 @@ class Scheduler:
         k = self._dkeys.get(key)
         if k is None:
             k = self._dkeys[key] = len(self._dkeys)
+            if any(p != pods[0] for p in pods):
+                self._unlike.add(k)
         return k
 
     def _classify(self, a: _Action) -> None:
@@ -2590,8 +2598,10 @@ class Scheduler:
         if self._feasible.get(ik) == ver:
             return True
         if self._unfit.get(ik) == ver or c.place(runs, commit=False) is None:
-            # Capacity only shrinks within a pass: no need to ask again.
-            self._infeasible.add(ik)
+            # Capacity only shrinks within a pass: no need to ask again (for a demand
+            # whose best fit is monotone).
+            if dkey not in self._unlike:
+                self._infeasible.add(ik)
             self._unfit[ik] = ver
             return False
         self._feasible[ik] = ver
@@ -3499,18 +3509,19 @@ class Scheduler:
         holds, reservations, the visit's block stay. A fit that found no room on
         ``cname`` finds none there now, and the same clusters with room, in the same
         order, everywhere else (only ``cname``'s key moved in the placement order): the
-        same answer, if the gates still let it through. A gate's answer is asked again.
+        same answer, if the gates still let it through (and if the demand's best fit is
+        monotone: not for a gang of unlike pods). A gate's answer is asked again.
         """
         for m in memo.values():
             if m[0] != ver:
                 continue
             names = m[2]
-            if names is None or cname in names:
+            rep: _Action = m[3]
+            if names is None or cname in names or rep.dkey in self._unlike:
+                # (Unlike pods: room elsewhere can come back, see ``_unlike``.)
                 continue
-            if gated:
-                rep: _Action = m[3]
-                if self._gate(q, rep, rep.usage) is not m[4]:
-                    continue
+            if gated and self._gate(q, rep, rep.usage) is not m[4]:
+                continue
             m[0] = nv
             m[6] = True
 
@@ -3694,8 +3705,10 @@ class Scheduler:
                     continue
                 if feasible.get(ik) != c.version:
                     if self._unfit.get(ik) == c.version or c.place(runs, commit=False) is None:
-                        # Capacity only shrinks within a pass: no need to ask again.
-                        infeasible.add(ik)
+                        # Capacity only shrinks within a pass: no need to ask again
+                        # (for a demand whose best fit is monotone).
+                        if dkey not in self._unlike:
+                            infeasible.add(ik)
                         self._unfit[ik] = c.version
                         continue
                     feasible[ik] = c.version
@@ -3756,8 +3769,9 @@ class Scheduler:
             return r
         self._eval(a, dkey, runs, blocked, None, Reason.NoClusterCapacity, not resv)
         # Capacity only shrinks within a pass: no cluster of this selector will have room
-        # for this demand again in it.
-        self._noroom.add(nr_key)
+        # for this demand again in it (when its best fit is monotone).
+        if dkey not in self._unlike:
+            self._noroom.add(nr_key)
         if v.strict and not v.blocked:
             self._block(q, a, v)
             self._hold_all(self._holdable(q.spec.clusters, v.elig, runs, dkey), a.id)

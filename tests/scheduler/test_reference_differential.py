@@ -224,13 +224,14 @@ def checked(*modules: Any) -> Iterator[None]:
 STEER_ENV_OVERDUE = True
 # Best fit is not monotone: a gang of unlike pods (a cpu-heavy pod, a memory-heavy one)
 # that finds no room can find some once another action took part of a node (its first
-# pod then goes elsewhere). The core takes "no room for this demand" as standing for
-# the rest of a pass (``_noroom``; ``_infeasible`` and ``_unfit`` alike), so a later
-# action of the demand is not placed where best fit now places it, and the older one
-# starts in the next pass instead (``test_core_bug_best_fit_room_can_come_back``).
-# Steered around: the random workloads have no such gang (``stories`` has one, where
-# nothing reads those answers).
-STEER_BEST_FIT_ANOMALY = True
+# pod then goes elsewhere). The core took "no room for this demand" as standing for the
+# rest of a pass (``_noroom``, ``_infeasible``, and ``_walk``'s carried answers); it no
+# longer does for such a demand (``Scheduler._unlike``;
+# ``test_a_gang_of_unlike_pods_finds_room_that_came_back_within_a_pass``). The random workloads have such gangs
+# again. One reserving timeline still differs (a lopsided head's reservation time,
+# ``test_core_bug_lopsided_head_reserves_at_another_time``): left out of the seeds.
+STEER_BEST_FIT_ANOMALY = False
+LOPSIDED_RESERVATION_SEED = 123
 
 
 def _overdue_environment(snap: Mapping[str, Any], now: float) -> bool:
@@ -912,7 +913,12 @@ def _driven(drive: Callable[[int], Any]) -> Callable[[int], None]:
 
 SEEDED: dict[str, tuple[Callable[[int], None], list[int], list[int]]] = {
     # name: (run one seed, the seeds of a quick run, every seed)
-    "reserving": (_simulated(reserving_scenario), [*range(40)], [*range(600)]),
+    # (Seed 123 is ``test_core_bug_lopsided_head_reserves_at_another_time``.)
+    "reserving": (
+        _simulated(reserving_scenario),
+        [*range(40)],
+        [s for s in range(600) if s != LOPSIDED_RESERVATION_SEED],
+    ),
     "simulate": (_simulated(seeded.scenario), [*range(30)], [*range(240)]),
     "simulate-completions": (
         _simulated(seeded.completion_scenario),
@@ -1052,10 +1058,7 @@ def test_core_bug_reservation_behind_an_overdue_environment_stands_still() -> No
     assert [a.action_id for a in s.schedule(15.0)] == ["X"]
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="core: _noroom assumes best fit is monotone"
-)
-def test_core_bug_best_fit_room_can_come_back() -> None:
+def test_a_gang_of_unlike_pods_finds_room_that_came_back_within_a_pass() -> None:
     one = (Pod(1000, GI),)
     s = Scheduler(
         [
@@ -1073,6 +1076,19 @@ def test_core_bug_best_fit_room_can_come_back() -> None:
     want = reference_pass(s.to_snapshot(), 0.0)
     assert [a.action_id for a in want.admitted] == ["a0", "a1", "a3", "a4"]
     assert [a.action_id for a in s.schedule(0.0)] == ["a0", "a1", "a3", "a4"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=Mismatch,
+    reason="core: a lopsided backfill head reserves at another time than the reference's",
+)
+def test_core_bug_lopsided_head_reserves_at_another_time() -> None:
+    # Reserving timeline 123, at 357: the reference's head (a16, unlike pods) reserves
+    # at 1008, the core's at 657, so the core starts a37 (ends 657) under it; the
+    # reference holds it back (BackfillWindow). Earliest fit over time assumes a gang
+    # that fits once fits later too, which best fit of unlike pods does not promise.
+    SEEDED["reserving"][0](LOPSIDED_RESERVATION_SEED)
 
 
 # ------------------------------------------------------------------------- stories
