@@ -824,6 +824,9 @@ class Scheduler:
         self.run_accepted: dict[str, int] = {}
         self.tokens: float | None = None
         self.token_time = 0.0
+        # Each rate-limited queue's own token bucket (``door.Bucket``), by queue; a queue
+        # not here has a full one.
+        self.queue_buckets: dict[str, Bucket] = {}
         self.history: dict[str, list[float]] = {}
         self.undeclared_env: dict[str, dict[str, int]] = {}
         self.unknown_capacity_passes = 0
@@ -1105,6 +1108,7 @@ class Scheduler:
         if q.waiting or q.running:
             raise ValueError(f"queue: {name!r} still holds actions; drain it first")
         del self.queues[name]
+        self.queue_buckets.pop(name, None)
         # (Empty: if it is in the visiting order still, the cancel since marked it.)
         self._mark_head(q)
         self._spec_ver += 1
@@ -1198,6 +1202,13 @@ class Scheduler:
             v = self._could_hold[k] = c.could_hold(runs)
         return v
 
+    def _keep_queue_bucket(self, name: str, bucket: Bucket) -> None:
+        """Keep queue ``name``'s bucket as the door left it (a full one is not kept)."""
+        if bucket.tokens is None:
+            self.queue_buckets.pop(name, None)
+        else:
+            self.queue_buckets[name] = bucket
+
     def submit(self, action: ActionSpec, now: float, *, door: bool = True) -> Reason | None:
         """Enqueue an action. Returns None if accepted, else the rejection reason.
 
@@ -1216,10 +1227,11 @@ class Scheduler:
                 self.org.submit_rate,
                 held,
                 Bucket(self.tokens, self.token_time),
-                Bucket(),
+                self.queue_buckets.get(action.queue, Bucket()),
                 now,
             )
             self.tokens, self.token_time = d.org.tokens, d.org.at
+            self._keep_queue_bucket(action.queue, d.queue)
             if d.reason is not None:
                 return d.reason
         assert q is not None  # the door answers UnknownQueue
@@ -4598,6 +4610,7 @@ class Scheduler:
             "run_accepted": self.run_accepted,
             "tokens": self.tokens,
             "token_time": self.token_time,
+            "queue_tokens": {n: [b.tokens, b.at] for n, b in sorted(self.queue_buckets.items())},
             "history": self.history,
             "unknown_capacity_passes": self.unknown_capacity_passes,
         }
@@ -4690,6 +4703,8 @@ class Scheduler:
         s.run_accepted = dict(d["run_accepted"])
         s.tokens = d["tokens"]
         s.token_time = d["token_time"]
+        # Snapshots from before per-queue rates have no queue buckets.
+        s.queue_buckets = {n: Bucket(k, at) for n, (k, at) in (d.get("queue_tokens") or {}).items()}
         s.history = {k: list(v) for k, v in d["history"].items()}
         s.unknown_capacity_passes = d["unknown_capacity_passes"]
         return s

@@ -7,6 +7,7 @@ types) so the scheduler workflow can carry it across continue-as-new.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
@@ -80,6 +81,21 @@ class DemandKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A token bucket's settings: ``per_second`` refill, up to ``burst`` tokens."""
+
+    per_second: float
+    burst: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"per_second": self.per_second, "burst": self.burst}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any] | None) -> RateLimit | None:
+        return RateLimit(float(d["per_second"]), float(d["burst"])) if d else None
+
+
+@dataclass(frozen=True, slots=True)
 class QueueSpec:
     """A named backlog with a policy attached. Absent knobs (None) are unlimited.
 
@@ -93,6 +109,7 @@ class QueueSpec:
     action_concurrency: int | None = None
     per_run_concurrency: int | None = None
     depth: int | None = None
+    submit_rate: RateLimit | None = None  # None: only the tenant's rate applies
     max_resources: Quota | None = None
     clusters: tuple[str, ...] | None = None  # None: any healthy cluster
     status: QueueStatus = QueueStatus.active
@@ -119,6 +136,7 @@ class KnobKind(StrEnum):
     quota = "quota"  # max_resources: per-resource caps
     clusters = "clusters"  # a selector: cluster names, None any
     status = "status"
+    rate = "rate"  # a token bucket: per_second and burst, None unlimited
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +192,12 @@ QUEUE_KNOBS: tuple[Knob, ...] = (
         "submission: QueueDepthExceeded",
     ),
     Knob(
+        "submit_rate",
+        KnobKind.rate,
+        "Submissions per second to this queue, and their burst ('unlimited' unsets).",
+        "submission: RateLimited (with when to retry), at each submission's own time",
+    ),
+    Knob(
         "max_resources",
         KnobKind.quota,
         "Quota on in-flight resources (cpu, memory, gpu, ephemeral_storage).",
@@ -210,6 +234,7 @@ _TO_JSON: dict[KnobKind, Any] = {
     KnobKind.quota: lambda v: v.to_dict() if v else None,
     KnobKind.clusters: lambda v: list(v) if v is not None else None,
     KnobKind.status: lambda v: v.value,
+    KnobKind.rate: lambda v: v.to_dict() if v else None,
 }
 _FROM_JSON: dict[KnobKind, Any] = {
     KnobKind.name: _ident,
@@ -219,6 +244,7 @@ _FROM_JSON: dict[KnobKind, Any] = {
     KnobKind.quota: lambda v: Quota.from_dict(v) if v else None,
     KnobKind.clusters: lambda v: tuple(v) if v is not None else None,
     KnobKind.status: QueueStatus,
+    KnobKind.rate: RateLimit.from_dict,
 }
 
 
@@ -228,12 +254,12 @@ def check_limits(spec: QueueSpec) -> None:
         v = getattr(spec, f)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
             raise ValueError(f"{f}: {v!r} must be a non-negative integer")
-
-
-@dataclass(frozen=True, slots=True)
-class RateLimit:
-    per_second: float
-    burst: float
+    rate = spec.submit_rate
+    if rate is not None:
+        for part in ("per_second", "burst"):
+            v = getattr(rate, part)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"submit_rate.{part}: {v!r} must be a non-negative number")
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,23 +276,18 @@ class OrgLimits:
             "max_concurrent_runs": self.max_concurrent_runs,
             "max_concurrent_actions": self.max_concurrent_actions,
             "max_actions_per_run": self.max_actions_per_run,
-            "submit_rate": (
-                {"per_second": self.submit_rate.per_second, "burst": self.submit_rate.burst}
-                if self.submit_rate
-                else None
-            ),
+            "submit_rate": self.submit_rate.to_dict() if self.submit_rate else None,
         }
 
     @staticmethod
     def from_dict(d: Mapping[str, Any] | None) -> OrgLimits:
         if not d:
             return OrgLimits()
-        sr = d.get("submit_rate")
         return OrgLimits(
             d.get("max_concurrent_runs"),
             d.get("max_concurrent_actions"),
             d.get("max_actions_per_run"),
-            RateLimit(float(sr["per_second"]), float(sr["burst"])) if sr else None,
+            RateLimit.from_dict(d.get("submit_rate")),
         )
 
 

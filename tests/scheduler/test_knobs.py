@@ -18,6 +18,7 @@ from headway.scheduler.model import (
     Priority,
     QueueSpec,
     QueueStatus,
+    RateLimit,
 )
 from headway.scheduler.reasons import Reason
 from headway.scheduler.resources import Quota
@@ -34,6 +35,7 @@ EVERY_KNOB_SET = QueueSpec(
     action_concurrency=7,
     per_run_concurrency=2,
     depth=50,
+    submit_rate=RateLimit(per_second=2.5, burst=10.0),
     max_resources=Quota(cpu=8000, memory=2**34, eph=None, gpu=8, gpu_type="H100"),
     clusters=("c1", "c2"),
     status=QueueStatus.draining,
@@ -77,6 +79,7 @@ def test_the_cli_has_a_flag_for_every_knob_but_the_name() -> None:
         want = {
             KnobKind.quota: "max-cpu",
             KnobKind.clusters: "cluster",
+            KnobKind.rate: "submit-rate",
         }.get(k.kind, k.name.replace("_", "-"))
         assert want in flags, f"no CLI flag for knob {k.name}"
 

@@ -387,6 +387,7 @@ def mixed_queue(ch: Chooser, name: str, cnames: list[str]) -> QueueSpec:
         action_concurrency=ch.one([*UNLIMITED, 2, 4, 8], "action_concurrency"),
         per_run_concurrency=ch.one([*UNLIMITED, 1, 2], "per_run_concurrency"),
         depth=ch.one([*UNLIMITED, 6, 30], "depth"),
+        submit_rate=ch.one([*UNLIMITED, RateLimit(1.0, 2.0)], "queue.submit_rate"),
         max_resources=quota(ch) if ch.between(0, 3, "quota?") == 0 else None,
         clusters=sel,
     )
@@ -701,7 +702,7 @@ class Shard:
         knobs = ["priority", "algorithm", "algorithm", "clusters", "clusters", "status"]
         if self.profile == "mixed":
             knobs += ["run_concurrency", "action_concurrency", "per_run_concurrency"]
-            knobs += ["depth", "max_resources"]
+            knobs += ["depth", "submit_rate", "max_resources"]
         knob = ch.one(knobs, "knob")
         change: Any
         if knob == "status":

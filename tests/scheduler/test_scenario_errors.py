@@ -127,6 +127,22 @@ CASES = [
     ),
     ("negative-knob", 7, "    depth: -1", 7, "queues[0].depth", "-1"),
     (
+        "negative-queue-submit-rate",
+        7,
+        "    submit_rate: {per_second: -1, burst: 2}",
+        7,
+        "queues[0].submit_rate.per_second",
+        "-1",
+    ),
+    (
+        "queue-submit-rate-without-its-burst",
+        7,
+        "    submit_rate: {per_second: 5}",
+        7,
+        "queues[0].submit_rate.burst",
+        "missing",
+    ),
+    (
         "unknown-resource-key",
         10,
         "  - {id: a, queue: q, submit: 0, duration: 10, resources: {cpus: 1}}",
