@@ -127,4 +127,5 @@ _HUMAN: dict[KnobKind, Any] = {
     KnobKind.quota: quota_to_entry,
     KnobKind.clusters: lambda v: list(v) if v is not None else None,
     KnobKind.status: lambda v: v.value,
+    KnobKind.rate: lambda v: v.to_dict() if v is not None else None,
 }

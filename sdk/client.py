@@ -137,7 +137,13 @@ class RateLimited(SubmissionRejected):
             if self.retry_after is not None
             else "no retry passes until the limit is raised"
         )
-        return f"{later}, or raise the limit (headway update org --submit-rate R --submit-burst B)"
+        # The door's detail names the exhausted buckets: the tenant's, the queue's or both.
+        raise_it = []
+        if "the tenant's submit rate" in self.detail or not self.detail:
+            raise_it.append("headway update org --submit-rate R --submit-burst B")
+        if f"queue {self.queue!r}'s submit rate" in self.detail:
+            raise_it.append(f"headway update queue {self.queue} --submit-rate R --submit-burst B")
+        return f"{later}, or raise the limit ({'; '.join(raise_it)})"
 
 
 _REJECTIONS: dict[str, type[SubmissionRejected]] = {

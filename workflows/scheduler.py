@@ -568,7 +568,11 @@ class SchedulerWorkflow:
             tenant=self._tenant,
             rate={"per_second": org.per_second, "burst": org.burst} if org else None,
             queues={
-                name: {"status": q.spec.status.value, "depth": q.spec.depth, "rate": None}
+                name: {
+                    "status": q.spec.status.value,
+                    "depth": q.spec.depth,
+                    "rate": q.spec.submit_rate.to_dict() if q.spec.submit_rate else None,
+                }
                 for name, q in sorted(self._core.queues.items())
             },
             # The configuration goes to the store with the door, and its audit rows.
