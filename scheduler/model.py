@@ -80,6 +80,29 @@ class DemandKind(StrEnum):
     spark = "spark"
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_seconds(value: Any, field: str) -> float:
+    """A duration: a non-negative number of seconds, or text such as ``90``, ``90s``,
+    ``10m``, ``2h``, ``1d``. ValueError names ``field`` and the value."""
+    v: Any = value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        unit = _UNITS.get(text[-1:]) if text else None
+        try:
+            v = float(text[:-1] if unit is not None else text) * (unit or 1.0)
+        except ValueError:
+            raise ValueError(
+                f"{field}: {value!r} is not a duration (seconds, or e.g. 90s, 10m, 2h, 1d)"
+            ) from None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValueError(f"{field}: {value!r} is not a duration (seconds, or e.g. 90s, 10m, 2h)")
+    if v < 0:
+        raise ValueError(f"{field}: {value!r} must be >= 0")
+    return float(v)
+
+
 @dataclass(frozen=True, slots=True)
 class RateLimit:
     """A token bucket's settings: ``per_second`` refill, up to ``burst`` tokens."""
@@ -110,6 +133,7 @@ class QueueSpec:
     per_run_concurrency: int | None = None
     depth: int | None = None
     submit_rate: RateLimit | None = None  # None: only the tenant's rate applies
+    max_queued_time: float | None = None  # seconds an action may wait; None: for ever
     max_resources: Quota | None = None
     clusters: tuple[str, ...] | None = None  # None: any healthy cluster
     status: QueueStatus = QueueStatus.active
@@ -137,6 +161,7 @@ class KnobKind(StrEnum):
     clusters = "clusters"  # a selector: cluster names, None any
     status = "status"
     rate = "rate"  # a token bucket: per_second and burst, None unlimited
+    seconds = "seconds"  # a non-negative duration in seconds, None unlimited
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +223,12 @@ QUEUE_KNOBS: tuple[Knob, ...] = (
         "submission: RateLimited (with when to retry), at each submission's own time",
     ),
     Knob(
+        "max_queued_time",
+        KnobKind.seconds,
+        "How long an action may wait to start, e.g. 600, 10m, 2h ('unlimited' unsets).",
+        "expiry: a waiting action past it is rejected QueuedTooLong",
+    ),
+    Knob(
         "max_resources",
         KnobKind.quota,
         "Quota on in-flight resources (cpu, memory, gpu, ephemeral_storage).",
@@ -235,6 +266,7 @@ _TO_JSON: dict[KnobKind, Any] = {
     KnobKind.clusters: lambda v: list(v) if v is not None else None,
     KnobKind.status: lambda v: v.value,
     KnobKind.rate: lambda v: v.to_dict() if v else None,
+    KnobKind.seconds: _ident,
 }
 _FROM_JSON: dict[KnobKind, Any] = {
     KnobKind.name: _ident,
@@ -245,6 +277,7 @@ _FROM_JSON: dict[KnobKind, Any] = {
     KnobKind.clusters: lambda v: tuple(v) if v is not None else None,
     KnobKind.status: QueueStatus,
     KnobKind.rate: RateLimit.from_dict,
+    KnobKind.seconds: lambda v: None if v is None else float(v),
 }
 
 
@@ -254,6 +287,9 @@ def check_limits(spec: QueueSpec) -> None:
         v = getattr(spec, f)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
             raise ValueError(f"{f}: {v!r} must be a non-negative integer")
+    mqt = spec.max_queued_time
+    if mqt is not None and (not math.isfinite(mqt) or mqt < 0):
+        raise ValueError(f"max_queued_time: {mqt!r} must be a non-negative number of seconds")
     rate = spec.submit_rate
     if rate is not None:
         for part in ("per_second", "burst"):

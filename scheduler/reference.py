@@ -745,6 +745,22 @@ def reference_pass(snapshot: Mapping[str, Any], now: float) -> Decisions:
     return Decisions(admitted, waiting, st, passes)
 
 
+def reference_expired(snapshot: Mapping[str, Any], now: float) -> list[str]:
+    """``Scheduler.expire_waiting``'s answer on the state ``snapshot`` holds: per queue
+    (in the snapshot's order), its waiting actions that have waited its
+    ``max_queued_time`` at ``now`` and that a pass has decided about, oldest first."""
+    st = load_state(snapshot)
+    out: list[str] = []
+    for name, q in st.queues.items():
+        limit = q.max_queued_time
+        if limit is None:
+            continue
+        mine = [a.spec for a in st.waiting if a.spec.queue == name and a.last is not None]
+        due = [a for a in mine if now - a.submit >= limit]
+        out += [a.id for a in sorted(due, key=lambda a: (a.submit, a.seq))]
+    return out
+
+
 def _tokens_at(rate: RateLimit, tokens: float | None, at: float, now: float) -> float:
     """A token bucket's tokens at ``now``: it starts full and refills continuously up to
     its burst; time never runs backwards for it (a submission dated before the last

@@ -30,6 +30,7 @@ from .model import (
     QueueSpec,
     QueueStatus,
     RateLimit,
+    parse_seconds,
     ray_demand,
     replicas_demand,
     spark_demand,
@@ -285,6 +286,12 @@ def _queue_fields(ctx: _Ctx, m: _Map, p: str, clusters: set[str] | None) -> dict
             out[k] = ctx.count(m, k, p, 0)
         elif k == "submit_rate":
             out[k] = _rate(ctx, m, k, p)
+        elif k == "max_queued_time":
+            out[k] = (
+                None
+                if v is None
+                else ctx.wrap(partial(parse_seconds, v, f"{p}.{k}"), line, (f"{p}.{k}", v))
+            )
         elif k == "max_resources":
             out[k] = (
                 None

@@ -36,6 +36,7 @@ EVERY_KNOB_SET = QueueSpec(
     per_run_concurrency=2,
     depth=50,
     submit_rate=RateLimit(per_second=2.5, burst=10.0),
+    max_queued_time=600.0,
     max_resources=Quota(cpu=8000, memory=2**34, eph=None, gpu=8, gpu_type="H100"),
     clusters=("c1", "c2"),
     status=QueueStatus.draining,

@@ -241,6 +241,47 @@ SUBMISSION = [
             "e": REJ("RateLimited"),
         },
     ),
+    # max_queued_time 50 s on q (one node, 8 GPUs; each job takes all 8). a runs 0-100;
+    # b (t=1) would start at 100 but its time is up at 51: QueuedTooLong then, and c
+    # (t=60) starts at 100 in its place (40 s of its 50). d (t=70) would start at 200
+    # and is QueuedTooLong at 120. Queue p has no limit: e (t=2) waits and starts at
+    # 200, after c, whatever it waited (p is the lower priority).
+    Case(
+        "max-queued-time-rejects-the-waiting-QueuedTooLong-and-frees-its-place",
+        scenario(
+            C1,
+            [make_queue("q", max_queued_time=50), make_queue("p", priority="low")],
+            [
+                job("a", "q", 0, 100, gpu=h(8)),
+                job("b", "q", 1, 100, gpu=h(8)),
+                job("e", "p", 2, 100, gpu=h(8)),
+                job("c", "q", 60, 100, gpu=h(8)),
+                job("d", "q", 70, 100, gpu=h(8)),
+            ],
+        ),
+        {
+            "a": S(0, 100),
+            "b": REJ("QueuedTooLong"),
+            "c": S(100, 200, reasons=[NCC]),
+            "d": REJ("QueuedTooLong"),
+            "e": S(200, 300, reasons=[NCC]),
+        },
+        queues={
+            "q": {"admitted": 2, "rejected": 2, "pending": 0},
+            "p": {"admitted": 1, "rejected": 0, "pending": 0},
+        },
+    ),
+    # A limit of 0 with a duration notation ("0s"): what cannot start at its submission
+    # is rejected at once; what can, starts.
+    Case(
+        "max-queued-time-zero-starts-now-or-never",
+        scenario(
+            C1,
+            [make_queue("q", max_queued_time="0s")],
+            [job("a", "q", 0, 10, gpu=h(8)), job("b", "q", 0, 10, gpu=h(8))],
+        ),
+        {"a": S(0, 10), "b": REJ("QueuedTooLong")},
+    ),
     # Fan-out counts the run's ACCEPTED actions, all time. max 2 per run, depth 1:
     # a (R, 0-100) accepted (1); b (R, t=1) rejected by depth (not counted); c (R, t=200)
     # accepted (2; a has ended but still counts); d (R, t=300) FanOutExceeded;

@@ -135,6 +135,22 @@ CASES = [
         "-1",
     ),
     (
+        "max-queued-time-not-a-duration",
+        7,
+        "    max_queued_time: soon",
+        7,
+        "queues[0].max_queued_time",
+        "'soon' is not a duration",
+    ),
+    (
+        "negative-max-queued-time",
+        7,
+        "    max_queued_time: -5",
+        7,
+        "queues[0].max_queued_time",
+        "-5",
+    ),
+    (
         "queue-submit-rate-without-its-burst",
         7,
         "    submit_rate: {per_second: 5}",
