@@ -65,6 +65,7 @@ _MAX_FLAGS = {
     "max_ephemeral_storage": "ephemeral_storage",
 }
 _LIMIT_FLAGS = LIMIT_KNOBS
+_SECONDS_FLAGS = tuple(k.name for k in QUEUE_KNOBS if k.kind is KnobKind.seconds)
 #: Words on the flags whose value is one of a few (the knob's help lists them).
 _CHOICE_KINDS = (KnobKind.priority, KnobKind.algorithm, KnobKind.status)
 _QUOTA_HELP = {
@@ -122,6 +123,11 @@ def _apply_flags(entry: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, A
     for key in _LIMIT_FLAGS:
         if flags.get(key) is not None:
             out[key] = knob(flags[key])
+    for key in _SECONDS_FLAGS:
+        value = flags.get(key)
+        if value is not None:
+            # "600", "10m": the core's duration parser reads the text as typed.
+            out[key] = None if str(value).lower() in UNSET_WORDS else value
     quota = dict(out.get("max_resources") or {})
     for flag, resource in _MAX_FLAGS.items():
         value = flags.get(flag)
@@ -358,6 +364,7 @@ _EDIT_HELP = """\
 #   status:      {statuses}
 #   run_concurrency, action_concurrency, per_run_concurrency, depth: a count
 #   submit_rate: {{per_second: 5, burst: 10}} (submissions to this queue)
+#   max_queued_time: seconds an action may wait to start (600, or 10m, 2h)
 #   max_resources: {{cpu: 512 or 500m, memory: 4Ti, gpu: 16 or "H200:16",
 #                  ephemeral_storage: 1Ti}}
 #   clusters:    null (any healthy one) or a list of: {clusters}
@@ -774,6 +781,8 @@ def describe_queue(
             value = limit(value)
         elif key == "submit_rate":
             value = _show_org(value) if value is not None else "unlimited"
+        elif key in _SECONDS_FLAGS:
+            value = duration(value) if value is not None else "unlimited"
         b.field(key, value, indent=2)
     if live is None:
         b.field("Actions", "(the scheduler's state could not be read: lists left out)")

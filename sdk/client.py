@@ -34,6 +34,7 @@ __all__ = [
     "Client",
     "QueueDraining",
     "QueueFull",
+    "QueuedTooLong",
     "RateLimited",
     "Resources",
     "Run",
@@ -59,7 +60,8 @@ class SubmissionRejected(Exception):
 
     One subclass per class of answer (catch this one for all of them):
     :class:`UnknownQueue`, :class:`QueueDraining`, :class:`QueueFull` (the queue's
-    depth), :class:`RateLimited` (with ``retry_after``). A reason without a subclass of
+    depth), :class:`RateLimited` (with ``retry_after``), and :class:`QueuedTooLong` (an
+    accepted action's result, when it waited past its queue's ``max_queued_time``). A reason without a subclass of
     its own (e.g. ``InvalidDemand``) is raised as this class.
 
     Attributes:
@@ -146,11 +148,23 @@ class RateLimited(SubmissionRejected):
         return f"{later}, or raise the limit ({'; '.join(raise_it)})"
 
 
+class QueuedTooLong(SubmissionRejected):
+    """Accepted, the action waited its queue's ``max_queued_time`` without starting and
+    was rejected then (raised by the action's result, not by ``submit``)."""
+
+    def _hint(self) -> str:
+        return (
+            "resubmit when the queue is shorter, or raise its limit "
+            f"(headway update queue {self.queue} --max-queued-time D)"
+        )
+
+
 _REJECTIONS: dict[str, type[SubmissionRejected]] = {
     "UnknownQueue": UnknownQueue,
     "QueueDraining": QueueDraining,
     "QueueDepthExceeded": QueueFull,
     "RateLimited": RateLimited,
+    "QueuedTooLong": QueuedTooLong,
 }
 
 

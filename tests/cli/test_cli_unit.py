@@ -204,6 +204,7 @@ def test_queue_entry_round_trips():
         "per_run_concurrency": None,
         "depth": 10000,
         "submit_rate": {"per_second": 20.0, "burst": 50.0},
+        "max_queued_time": 3600,
         "max_resources": {"cpu": "500m", "memory": "4Ti", "gpu": "H200:16"},
         "clusters": ["gpu-h200"],
         "status": "active",

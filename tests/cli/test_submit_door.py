@@ -204,3 +204,41 @@ def test_a_queues_own_rate_is_set_by_flags_and_its_rejection_names_it(
     shown = hw(stack, tenant, "describe", "queue", "slow")
     assert re.search(r"submit_rate:\s+unlimited", shown.output), shown.output
     asyncio.run(idle(stack, tenant, "slow"))
+
+
+def test_an_action_waiting_past_max_queued_time_exits_3_with_wait(
+    stack: Stack, tenant: str
+) -> None:
+    # Nothing starts on this queue; an action may wait a second.
+    ok(
+        hw(
+            stack,
+            tenant,
+            "create",
+            "queue",
+            "brief",
+            "--action-concurrency",
+            "0",
+            "--max-queued-time",
+            "1s",
+        )
+    )
+    shown = ok(hw(stack, tenant, "describe", "queue", "brief"))
+    assert re.search(r"max_queued_time:\s+1s\b", shown.output), shown.output
+    res = submit(stack, tenant, "--queue", "brief", "--id", "e1", "--wait")
+    answered(res)
+    assert res.exit_code == 3, res.output
+    assert "submitted e1 to queue 'brief' (waiting)" in res.stdout
+    assert "rejected e1 (QueuedTooLong): waited " in res.stderr
+    assert "in queue 'brief' without starting; its max_queued_time is 1 s" in res.stderr
+    assert "what to change: resubmit when the queue is shorter" in res.stderr
+    # Unset: an action waits as long as it takes.
+    ok(hw(stack, tenant, "update", "queue", "brief", "--max-queued-time", "unlimited"))
+    shown = ok(hw(stack, tenant, "describe", "queue", "brief"))
+    assert re.search(r"max_queued_time:\s+unlimited", shown.output), shown.output
+
+
+def test_a_bad_max_queued_time_names_the_flag(stack: Stack, tenant: str) -> None:
+    res = hw(stack, tenant, "create", "queue", "brief", "--max-queued-time", "soon")
+    assert res.exit_code == 2, res.output
+    assert "--max-queued-time: 'soon' is not a duration" in res.output
