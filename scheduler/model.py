@@ -146,7 +146,7 @@ class QueueSpec:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> QueueSpec:
-        fields = {k.name: _FROM_JSON[k.kind](d[k.name]) for k in QUEUE_KNOBS if k.name in d}
+        fields = {k.name: _decode(k, d[k.name]) for k in QUEUE_KNOBS if k.name in d}
         return QueueSpec(**fields)
 
 
@@ -279,6 +279,14 @@ _FROM_JSON: dict[KnobKind, Any] = {
     KnobKind.rate: RateLimit.from_dict,
     KnobKind.seconds: lambda v: None if v is None else float(v),
 }
+
+
+def _decode(k: Knob, v: Any) -> Any:
+    """Knob ``k``'s value from its JSON form (a duration given as text, e.g. "10m", is
+    read as the CLI and scenario files read it; a bad one names the knob)."""
+    if k.kind is KnobKind.seconds and v is not None:
+        return parse_seconds(v, k.name)
+    return _FROM_JSON[k.kind](v)
 
 
 def check_limits(spec: QueueSpec) -> None:
