@@ -127,4 +127,6 @@ _HUMAN: dict[KnobKind, Any] = {
     KnobKind.quota: quota_to_entry,
     KnobKind.clusters: lambda v: list(v) if v is not None else None,
     KnobKind.status: lambda v: v.value,
+    KnobKind.rate: lambda v: v.to_dict() if v is not None else None,
+    KnobKind.seconds: lambda v: (int(v) if v == int(v) else v) if v is not None else None,
 }

@@ -7,6 +7,7 @@ the scheduler one query and can never disagree with it given the same estimates.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -54,6 +55,13 @@ def _fmt(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+def _starts(row: Mapping[str, Any]) -> str:
+    """When it starts; or when it is rejected QueuedTooLong instead."""
+    if row["expires_in_s"] is not None:
+        return f"never (QueuedTooLong in {_fmt(row['expires_in_s'])})"
+    return _fmt(row["starts_in_s"])
+
+
 @click.command("forecast")
 @click.option("--queue", "queue", help="Only this queue's actions.")
 @runtime_option
@@ -77,6 +85,7 @@ def forecast(ctx: click.Context, queue: str | None, default_runtime: float, outp
             continue
         for a in q.waiting:
             start = f.starts.get(a.id)
+            expires = f.expires.get(a.id)
             rows.append(
                 {
                     "action": a.id,
@@ -84,6 +93,8 @@ def forecast(ctx: click.Context, queue: str | None, default_runtime: float, outp
                     "reason": a.last,
                     "starts_in_s": None if start is None else start - now,
                     "cluster": f.clusters.get(a.id),
+                    # Past its queue's max_queued_time first: rejected then, never started.
+                    "expires_in_s": None if expires is None else expires - now,
                 }
             )
     if emit_structured(rows, output):
@@ -95,10 +106,7 @@ def forecast(ctx: click.Context, queue: str | None, default_runtime: float, outp
     click.echo(
         render_table(
             headers,
-            [
-                [r["action"], r["queue"], r["reason"], _fmt(r["starts_in_s"]), r["cluster"]]
-                for r in rows
-            ],
+            [[r["action"], r["queue"], r["reason"], _starts(r), r["cluster"]] for r in rows],
         )
     )
 

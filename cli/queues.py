@@ -65,6 +65,7 @@ _MAX_FLAGS = {
     "max_ephemeral_storage": "ephemeral_storage",
 }
 _LIMIT_FLAGS = LIMIT_KNOBS
+_SECONDS_FLAGS = tuple(k.name for k in QUEUE_KNOBS if k.kind is KnobKind.seconds)
 #: Words on the flags whose value is one of a few (the knob's help lists them).
 _CHOICE_KINDS = (KnobKind.priority, KnobKind.algorithm, KnobKind.status)
 _QUOTA_HELP = {
@@ -92,7 +93,16 @@ def _knob_options(k: Knob) -> list[Callable[[F], F]]:
                 shell_complete=complete_clusters,
             )
         ]
+    if k.kind is KnobKind.rate:
+        return [
+            click.option("--submit-rate", help=_RATE_HELP),
+            click.option("--submit-burst", help=_BURST_HELP),
+        ]
     return [click.option("--" + k.name.replace("_", "-"), help=k.help)]
+
+
+_RATE_HELP = "Submissions per second ('unlimited' unsets)."
+_BURST_HELP = "Submission burst (default: the rate, at least 1)."
 
 
 def _queue_options(f: F) -> F:
@@ -113,6 +123,11 @@ def _apply_flags(entry: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, A
     for key in _LIMIT_FLAGS:
         if flags.get(key) is not None:
             out[key] = knob(flags[key])
+    for key in _SECONDS_FLAGS:
+        value = flags.get(key)
+        if value is not None:
+            # "600", "10m": the core's duration parser reads the text as typed.
+            out[key] = None if str(value).lower() in UNSET_WORDS else value
     quota = dict(out.get("max_resources") or {})
     for flag, resource in _MAX_FLAGS.items():
         value = flags.get(flag)
@@ -125,7 +140,42 @@ def _apply_flags(entry: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, A
     out["max_resources"] = quota or None
     if flags.get("clusters"):
         out["clusters"] = list(flags["clusters"])
+    if flags.get("submit_rate") is not None or flags.get("submit_burst") is not None:
+        out["submit_rate"] = merge_rate(
+            out.get("submit_rate"), flags.get("submit_rate"), flags.get("submit_burst")
+        )
     return out
+
+
+def _rate_flags(rate: str | None, burst: str | None) -> tuple[bool, float | None, float | None]:
+    """``--submit-rate``/``--submit-burst`` checked: (unset, per second, burst)."""
+    if rate is not None and rate.lower() in UNSET_WORDS:
+        return True, None, None
+    per_s = None if rate is None else _number(rate, "--submit-rate")
+    burst_n = None if burst is None else _number(burst, "--submit-burst")
+    if per_s is not None and per_s <= 0:
+        raise click.BadParameter(f"--submit-rate: {rate!r} must be more than 0")
+    if burst_n is not None and burst_n < 1:
+        raise click.BadParameter(f"--submit-burst: {burst!r} must be at least 1")
+    return False, per_s, burst_n
+
+
+def merge_rate(
+    old: Mapping[str, Any] | None, rate: str | None, burst: str | None
+) -> dict[str, float] | None:
+    """A submit rate ``{per_second, burst}`` after ``--submit-rate``/``--submit-burst``
+    (either may be None: not given) on top of ``old``; None: unlimited. A usage error
+    names the flag and the value."""
+    unset, per_s, burst_n = _rate_flags(rate, burst)
+    if unset:
+        return None
+    old = old or {}
+    rate_now = per_s if per_s is not None else old.get("per_second")
+    if rate_now is None:
+        raise click.BadParameter("--submit-burst needs --submit-rate (none is set)")
+    # A new rate without a burst keeps the old burst, or gets the rate (at least 1).
+    default_burst = old.get("burst", max(1.0, rate_now))
+    return {"per_second": rate_now, "burst": burst_n if burst_n is not None else default_burst}
 
 
 def _checked(entry: Mapping[str, Any], *, from_flags: bool = True) -> QueueSpec:
@@ -313,6 +363,8 @@ _EDIT_HELP = """\
 #   algorithm:   {algorithms}
 #   status:      {statuses}
 #   run_concurrency, action_concurrency, per_run_concurrency, depth: a count
+#   submit_rate: {{per_second: 5, burst: 10}} (submissions to this queue)
+#   max_queued_time: seconds an action may wait to start (600, or 10m, 2h)
 #   max_resources: {{cpu: 512 or 500m, memory: 4Ti, gpu: 16 or "H200:16",
 #                  ephemeral_storage: 1Ti}}
 #   clusters:    null (any healthy one) or a list of: {clusters}
@@ -727,6 +779,10 @@ def describe_queue(
             value = ", ".join(value) if value is not None else "any"
         elif key in LIMIT_KNOBS:
             value = limit(value)
+        elif key == "submit_rate":
+            value = _show_org(value) if value is not None else "unlimited"
+        elif key in _SECONDS_FLAGS:
+            value = duration(value) if value is not None else "unlimited"
         b.field(key, value, indent=2)
     if live is None:
         b.field("Actions", "(the scheduler's state could not be read: lists left out)")
@@ -883,7 +939,7 @@ def get_org(ctx: click.Context, history: bool, last: int, output: str) -> None:
 
 def _show_org(value: Any) -> str:
     if isinstance(value, Mapping):
-        return f"{value['per_second']}/s, burst {value['burst']}"
+        return f"{value['per_second']:g}/s, burst {value['burst']:g}"
     return limit(value)
 
 
@@ -891,8 +947,8 @@ def _show_org(value: Any) -> str:
 @click.option("--max-concurrent-runs", help="Runs in flight across queues ('unlimited' unsets).")
 @click.option("--max-concurrent-actions", help="Actions in flight across queues.")
 @click.option("--max-actions-per-run", help="Fan-out: actions one run may submit.")
-@click.option("--submit-rate", help="Submissions per second ('unlimited' unsets).")
-@click.option("--submit-burst", help="Submission burst (default: the rate, at least 1).")
+@click.option("--submit-rate", help=_RATE_HELP)
+@click.option("--submit-burst", help=_BURST_HELP)
 @click.pass_context
 def update_org(ctx: click.Context, /, **flags: Any) -> None:
     """Change the tenant's org-wide limits; only the flags given change."""
@@ -905,13 +961,7 @@ def update_org(ctx: click.Context, /, **flags: Any) -> None:
             except ValueError as exc:
                 raise click.BadParameter(str(exc)) from None
     rate, burst = flags["submit_rate"], flags["submit_burst"]
-    unset_rate = rate is not None and rate.lower() in UNSET_WORDS
-    per_s = None if rate is None or unset_rate else _number(rate, "--submit-rate")
-    burst_n = None if burst is None else _number(burst, "--submit-burst")
-    if per_s is not None and per_s <= 0:
-        raise click.BadParameter(f"--submit-rate: {rate!r} must be more than 0")
-    if burst_n is not None and burst_n < 1:
-        raise click.BadParameter(f"--submit-burst: {burst!r} must be at least 1")
+    _rate_flags(rate, burst)  # bad flags fail before any round trip
 
     async def go(client: Client) -> bool:
         from headway.workflows import client as hw
@@ -919,17 +969,8 @@ def update_org(ctx: click.Context, /, **flags: Any) -> None:
         current = await _fetch_org(client, cfg.tenant)
         entry = (current or OrgLimits()).to_dict()
         entry.update(limits)
-        if unset_rate:
-            entry["submit_rate"] = None
-        elif per_s is not None or burst_n is not None:
-            old = entry.get("submit_rate") or {}
-            rate_now = per_s if per_s is not None else old.get("per_second")
-            if rate_now is None:
-                raise click.BadParameter("--submit-burst needs --submit-rate (none is set)")
-            entry["submit_rate"] = {
-                "per_second": rate_now,
-                "burst": burst_n if burst_n is not None else old.get("burst", max(1.0, rate_now)),
-            }
+        if rate is not None or burst is not None:
+            entry["submit_rate"] = merge_rate(entry.get("submit_rate"), rate, burst)
         await hw.set_org(client, cfg.tenant, entry, by=hw.changed_by("cli"))
         return current is not None
 

@@ -14,6 +14,7 @@ from headway.sdk.client import (
     Resources,
     SubmissionRejected,
     Task,
+    rejection,
 )
 from headway.sdk.client import Client as HeadwayClient
 
@@ -123,7 +124,8 @@ def submit(
       0  every action was taken in (with --wait: and succeeded)
       1  an error (an id exists with a different submission; with --wait, an action
          did not succeed; the server is unreachable)
-      3  rejected by policy: the queue does not exist, is draining, or is at its depth
+      3  rejected by policy: the queue does not exist, is draining, or is at its depth;
+         with --wait, also an action that waited past its queue's max_queued_time
       4  rate limited: the tenant's submit rate is exhausted; retry after the time said
     With --count, the other ids still go in; the code says the worst: 1, then 3, then 4.
     """
@@ -174,6 +176,15 @@ def submit(
         ok = True
         for action in actions:
             result = await action.result()
+            if getattr(result, "state", None) == "rejected":
+                # Taken in, then rejected while it waited (its queue's max_queued_time):
+                # the same answer as a rejection at the door, with its own exit code.
+                late = rejection(
+                    tenant, action.id, queue, result.reason or "Rejected", result.message
+                )
+                rejected.append(late)
+                _report_rejected(late, as_json=as_json)
+                continue
             ok = ok and _succeeded(result)
             data = _plain(result)
             if as_json:

@@ -119,6 +119,29 @@ class Admitted:
     reasons: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """A waiting action withdrawn at its queue's ``max_queued_time`` (``QueuedTooLong``)."""
+
+    action_id: str
+    queue: str
+    waited: float
+    limit: float
+
+    @property
+    def detail(self) -> str:
+        """For people: how long it waited, the limit, and what would have let it run."""
+        return (
+            f"waited {_secs(self.waited)} in queue {self.queue!r} without starting; its "
+            f"max_queued_time is {_secs(self.limit)}: raise it (headway update queue "
+            f"{self.queue} --max-queued-time D) or resubmit when the queue is shorter"
+        )
+
+
+def _secs(v: float) -> str:
+    return f"{v:.0f} s" if v >= 10 else f"{v:.3g} s"
+
+
 class PassError(Exception):
     """A pass raised (a bug: no input should make one). ``admitted`` are the decisions it
     had made, and applied, before it stopped; ``action_id`` the action it was deciding
@@ -824,6 +847,9 @@ class Scheduler:
         self.run_accepted: dict[str, int] = {}
         self.tokens: float | None = None
         self.token_time = 0.0
+        # Each rate-limited queue's own token bucket (``door.Bucket``), by queue; a queue
+        # not here has a full one.
+        self.queue_buckets: dict[str, Bucket] = {}
         self.history: dict[str, list[float]] = {}
         self.undeclared_env: dict[str, dict[str, int]] = {}
         self.unknown_capacity_passes = 0
@@ -1111,6 +1137,7 @@ class Scheduler:
         if q.waiting or q.running:
             raise ValueError(f"queue: {name!r} still holds actions; drain it first")
         del self.queues[name]
+        self.queue_buckets.pop(name, None)
         # (Empty: if it is in the visiting order still, the cancel since marked it.)
         self._mark_head(q)
         self._spec_ver += 1
@@ -1206,6 +1233,13 @@ class Scheduler:
             v = self._could_hold[k] = c.could_hold(runs)
         return v
 
+    def _keep_queue_bucket(self, name: str, bucket: Bucket) -> None:
+        """Keep queue ``name``'s bucket as the door left it (a full one is not kept)."""
+        if bucket.tokens is None:
+            self.queue_buckets.pop(name, None)
+        else:
+            self.queue_buckets[name] = bucket
+
     def submit(self, action: ActionSpec, now: float, *, door: bool = True) -> Reason | None:
         """Enqueue an action. Returns None if accepted, else the rejection reason.
 
@@ -1224,10 +1258,11 @@ class Scheduler:
                 self.org.submit_rate,
                 held,
                 Bucket(self.tokens, self.token_time),
-                Bucket(),
+                self.queue_buckets.get(action.queue, Bucket()),
                 now,
             )
             self.tokens, self.token_time = d.org.tokens, d.org.at
+            self._keep_queue_bucket(action.queue, d.queue)
             if d.reason is not None:
                 return d.reason
         assert q is not None  # the door answers UnknownQueue
@@ -1387,13 +1422,53 @@ class Scheduler:
                 self._env_epoch += 1
         return gone
 
+    def expire_waiting(self, now: float) -> list[Expired]:
+        """Withdraw every waiting action that has waited its queue's ``max_queued_time``
+        (``QueuedTooLong``), oldest first per queue; what was withdrawn.
+
+        A rule of its own, run before ``schedule`` by each driver (the scheduler
+        workflow, ``simulate``): an action whose time is up at ``now`` does not start at
+        ``now``. Only an action a pass has decided about (it has a reason) expires: each
+        gets one pass at least, so a limit of 0 means "start at once or never", and one
+        taken from the store's backlog after its time is up still gets its chance.
+        """
+        out: list[Expired] = []
+        for q in self.queues.values():
+            limit = q.spec.max_queued_time
+            if limit is None or not q.waiting:
+                continue
+            due = sorted(
+                (a for a in q.waiting if now - a.spec.submit >= limit and a.last is not None),
+                key=lambda a: (a.spec.submit, a.spec.seq),
+            )
+            for a in due:
+                self.cancel(a.id, now)
+                out.append(Expired(a.id, q.spec.name, now - a.spec.submit, limit))
+        return out
+
+    def _next_expiry(self) -> float | None:
+        """When the next waiting action a pass decided about reaches its queue's
+        ``max_queued_time`` (one not yet decided about gets its pass first)."""
+        ts = [
+            a.spec.submit + limit
+            for q in self.queues.values()
+            if (limit := q.spec.max_queued_time) is not None
+            for a in q.waiting
+            if a.last is not None
+        ]
+        return min(ts, default=None)
+
     def next_wakeup(self) -> float | None:
-        """The earliest time at which ``schedule`` must run again without an event."""
+        """The earliest time at which ``schedule`` must run again without an event
+        (an idle environment's expiry, a waiting action's ``max_queued_time``)."""
+        expiry = self._next_expiry()
         if not self.envs:
-            return None
+            return expiry
         ts = [
             i.expires_at for i in self.envs.values() if i.active == 0 and i.expires_at is not None
         ]
+        if expiry is not None:
+            ts.append(expiry)
         return min(ts) if ts else None
 
     def invalidate(self) -> None:
@@ -4612,6 +4687,7 @@ class Scheduler:
             "run_accepted": self.run_accepted,
             "tokens": self.tokens,
             "token_time": self.token_time,
+            "queue_tokens": {n: [b.tokens, b.at] for n, b in sorted(self.queue_buckets.items())},
             "history": self.history,
             "unknown_capacity_passes": self.unknown_capacity_passes,
         }
@@ -4704,6 +4780,8 @@ class Scheduler:
         s.run_accepted = dict(d["run_accepted"])
         s.tokens = d["tokens"]
         s.token_time = d["token_time"]
+        # Snapshots from before per-queue rates have no queue buckets.
+        s.queue_buckets = {n: Bucket(k, at) for n, (k, at) in (d.get("queue_tokens") or {}).items()}
         s.history = {k: list(v) for k, v in d["history"].items()}
         s.unknown_capacity_passes = d["unknown_capacity_passes"]
         return s

@@ -48,7 +48,7 @@ class QueueDoor:
 
     @staticmethod
     def of(spec: QueueSpec) -> QueueDoor:
-        return QueueDoor(spec.status, spec.depth)
+        return QueueDoor(spec.status, spec.depth, spec.submit_rate)
 
 
 @dataclass(frozen=True, slots=True)

@@ -180,6 +180,9 @@ class Forecast:
     clusters: dict[str, str | None]
     horizon: float | None
     default_runtime: float
+    #: Actions that would wait past their queue's ``max_queued_time`` (``QueuedTooLong``),
+    #: and when: their start stays None.
+    expires: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -187,6 +190,7 @@ class Forecast:
             "clusters": self.clusters,
             "horizon": self.horizon,
             "default_runtime": self.default_runtime,
+            "expires": self.expires,
         }
 
 
@@ -201,7 +205,9 @@ def forecast(
 
     Runs the scheduler forward on a copy: running and admitted actions end at their
     estimates (``default_runtime`` where there is none; an action past its estimate
-    ends now). Actions not started by ``horizon`` (or within ``max_events``) get None.
+    ends now). Actions not started by ``horizon`` (or within ``max_events``) get None;
+    so do those that would wait past their queue's ``max_queued_time`` (in ``expires``,
+    by the same rule as the scheduler's, before each pass).
     """
     sim = Scheduler.from_snapshot(s.to_snapshot())
     waiting = [a.id for q in sim.queues.values() for a in q.waiting]
@@ -212,9 +218,12 @@ def forecast(
         if a.state == "running":
             end = a.est_end if a.est_end is not None else a.start + default_runtime
             heapq.heappush(ends, (max(end, now), a.seq, a.id))
+    expires: dict[str, float] = {}
     t = now
     events = 0
     while events < max_events:
+        for gone in sim.expire_waiting(t):
+            expires[gone.action_id] = t
         for adm in sim.schedule(t):
             starts[adm.action_id] = t
             clusters[adm.action_id] = adm.cluster
@@ -236,7 +245,7 @@ def forecast(
             _, _, aid = heapq.heappop(ends)
             sim.finish(aid, t)
         events += 1
-    return Forecast(starts, clusters, horizon, default_runtime)
+    return Forecast(starts, clusters, horizon, default_runtime, expires)
 
 
 def what_if(

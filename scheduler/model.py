@@ -7,6 +7,7 @@ types) so the scheduler workflow can carry it across continue-as-new.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
@@ -79,6 +80,44 @@ class DemandKind(StrEnum):
     spark = "spark"
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_seconds(value: Any, field: str) -> float:
+    """A duration: a non-negative number of seconds, or text such as ``90``, ``90s``,
+    ``10m``, ``2h``, ``1d``. ValueError names ``field`` and the value."""
+    v: Any = value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        unit = _UNITS.get(text[-1:]) if text else None
+        try:
+            v = float(text[:-1] if unit is not None else text) * (unit or 1.0)
+        except ValueError:
+            raise ValueError(
+                f"{field}: {value!r} is not a duration (seconds, or e.g. 90s, 10m, 2h, 1d)"
+            ) from None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValueError(f"{field}: {value!r} is not a duration (seconds, or e.g. 90s, 10m, 2h)")
+    if v < 0:
+        raise ValueError(f"{field}: {value!r} must be >= 0")
+    return float(v)
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A token bucket's settings: ``per_second`` refill, up to ``burst`` tokens."""
+
+    per_second: float
+    burst: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"per_second": self.per_second, "burst": self.burst}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any] | None) -> RateLimit | None:
+        return RateLimit(float(d["per_second"]), float(d["burst"])) if d else None
+
+
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
     """A named backlog with a policy attached. Absent knobs (None) are unlimited.
@@ -93,6 +132,8 @@ class QueueSpec:
     action_concurrency: int | None = None
     per_run_concurrency: int | None = None
     depth: int | None = None
+    submit_rate: RateLimit | None = None  # None: only the tenant's rate applies
+    max_queued_time: float | None = None  # seconds an action may wait; None: for ever
     max_resources: Quota | None = None
     clusters: tuple[str, ...] | None = None  # None: any healthy cluster
     status: QueueStatus = QueueStatus.active
@@ -105,7 +146,7 @@ class QueueSpec:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> QueueSpec:
-        fields = {k.name: _FROM_JSON[k.kind](d[k.name]) for k in QUEUE_KNOBS if k.name in d}
+        fields = {k.name: _decode(k, d[k.name]) for k in QUEUE_KNOBS if k.name in d}
         return QueueSpec(**fields)
 
 
@@ -119,6 +160,8 @@ class KnobKind(StrEnum):
     quota = "quota"  # max_resources: per-resource caps
     clusters = "clusters"  # a selector: cluster names, None any
     status = "status"
+    rate = "rate"  # a token bucket: per_second and burst, None unlimited
+    seconds = "seconds"  # a non-negative duration in seconds, None unlimited
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +217,18 @@ QUEUE_KNOBS: tuple[Knob, ...] = (
         "submission: QueueDepthExceeded",
     ),
     Knob(
+        "submit_rate",
+        KnobKind.rate,
+        "Submissions per second to this queue, and their burst ('unlimited' unsets).",
+        "submission: RateLimited (with when to retry), at each submission's own time",
+    ),
+    Knob(
+        "max_queued_time",
+        KnobKind.seconds,
+        "How long an action may wait to start, e.g. 600, 10m, 2h ('unlimited' unsets).",
+        "expiry: a waiting action past it is rejected QueuedTooLong",
+    ),
+    Knob(
         "max_resources",
         KnobKind.quota,
         "Quota on in-flight resources (cpu, memory, gpu, ephemeral_storage).",
@@ -210,6 +265,8 @@ _TO_JSON: dict[KnobKind, Any] = {
     KnobKind.quota: lambda v: v.to_dict() if v else None,
     KnobKind.clusters: lambda v: list(v) if v is not None else None,
     KnobKind.status: lambda v: v.value,
+    KnobKind.rate: lambda v: v.to_dict() if v else None,
+    KnobKind.seconds: _ident,
 }
 _FROM_JSON: dict[KnobKind, Any] = {
     KnobKind.name: _ident,
@@ -219,7 +276,17 @@ _FROM_JSON: dict[KnobKind, Any] = {
     KnobKind.quota: lambda v: Quota.from_dict(v) if v else None,
     KnobKind.clusters: lambda v: tuple(v) if v is not None else None,
     KnobKind.status: QueueStatus,
+    KnobKind.rate: RateLimit.from_dict,
+    KnobKind.seconds: lambda v: None if v is None else float(v),
 }
+
+
+def _decode(k: Knob, v: Any) -> Any:
+    """Knob ``k``'s value from its JSON form (a duration given as text, e.g. "10m", is
+    read as the CLI and scenario files read it; a bad one names the knob)."""
+    if k.kind is KnobKind.seconds and v is not None:
+        return parse_seconds(v, k.name)
+    return _FROM_JSON[k.kind](v)
 
 
 def check_limits(spec: QueueSpec) -> None:
@@ -228,12 +295,15 @@ def check_limits(spec: QueueSpec) -> None:
         v = getattr(spec, f)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
             raise ValueError(f"{f}: {v!r} must be a non-negative integer")
-
-
-@dataclass(frozen=True, slots=True)
-class RateLimit:
-    per_second: float
-    burst: float
+    mqt = spec.max_queued_time
+    if mqt is not None and (not math.isfinite(mqt) or mqt < 0):
+        raise ValueError(f"max_queued_time: {mqt!r} must be a non-negative number of seconds")
+    rate = spec.submit_rate
+    if rate is not None:
+        for part in ("per_second", "burst"):
+            v = getattr(rate, part)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"submit_rate.{part}: {v!r} must be a non-negative number")
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,23 +320,18 @@ class OrgLimits:
             "max_concurrent_runs": self.max_concurrent_runs,
             "max_concurrent_actions": self.max_concurrent_actions,
             "max_actions_per_run": self.max_actions_per_run,
-            "submit_rate": (
-                {"per_second": self.submit_rate.per_second, "burst": self.submit_rate.burst}
-                if self.submit_rate
-                else None
-            ),
+            "submit_rate": self.submit_rate.to_dict() if self.submit_rate else None,
         }
 
     @staticmethod
     def from_dict(d: Mapping[str, Any] | None) -> OrgLimits:
         if not d:
             return OrgLimits()
-        sr = d.get("submit_rate")
         return OrgLimits(
             d.get("max_concurrent_runs"),
             d.get("max_concurrent_actions"),
             d.get("max_actions_per_run"),
-            RateLimit(float(sr["per_second"]), float(sr["burst"])) if sr else None,
+            RateLimit.from_dict(d.get("submit_rate")),
         )
 
 

@@ -31,6 +31,12 @@ class Reason(StrEnum):
     UnknownQueue = "UnknownQueue"
     """The action names a queue that does not exist."""
 
+    # --- expiry (an accepted action is rejected while it waits) ----------------------
+    QueuedTooLong = "QueuedTooLong"
+    """The action waited its queue's ``max_queued_time`` without starting: it is rejected
+    and its place in the queue released. Raising the queue's limit, or resubmitting when
+    the queue is shorter (or on a queue with more room), lets it run."""
+
     # --- gates, in the order they are checked each pass ------------------------------
     ActionConcurrency = "ActionConcurrency"
     """The queue already runs ``action_concurrency`` actions."""
@@ -95,6 +101,7 @@ _DOCS: dict[Reason, str] = {
     Reason.FanOutExceeded: "the run reached the tenant's per-run fan-out limit",
     Reason.Unschedulable: "the demand can never fit this queue's quota or any allowed cluster",
     Reason.UnknownQueue: "no such queue",
+    Reason.QueuedTooLong: "the action waited its queue's max_queued_time without starting",
     Reason.ActionConcurrency: "the queue is at its action concurrency",
     Reason.RunConcurrency: "the queue is at its run concurrency",
     Reason.PerRunConcurrency: "this run is at the queue's per-run concurrency",

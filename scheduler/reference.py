@@ -52,6 +52,7 @@ from .model import (
     EnvironmentSpec,
     OrgLimits,
     QueueSpec,
+    RateLimit,
 )
 from .model import QueueStatus as Status
 from .reasons import Reason
@@ -156,6 +157,7 @@ class State:
     run_accepted: dict[str, int]
     tokens: float | None
     token_time: float
+    queue_tokens: dict[str, tuple[float | None, float]]  # per queue: tokens, as of when
     unknown_capacity_passes: int
 
 
@@ -224,6 +226,7 @@ def load_state(snap: Mapping[str, Any]) -> State:
         run_accepted=dict(snap["run_accepted"]),
         tokens=snap["tokens"],
         token_time=snap["token_time"],
+        queue_tokens={n: (k, at) for n, (k, at) in (snap.get("queue_tokens") or {}).items()},
         unknown_capacity_passes=snap["unknown_capacity_passes"],
     )
 
@@ -742,6 +745,31 @@ def reference_pass(snapshot: Mapping[str, Any], now: float) -> Decisions:
     return Decisions(admitted, waiting, st, passes)
 
 
+def reference_expired(snapshot: Mapping[str, Any], now: float) -> list[str]:
+    """``Scheduler.expire_waiting``'s answer on the state ``snapshot`` holds: per queue
+    (in the snapshot's order), its waiting actions that have waited its
+    ``max_queued_time`` at ``now`` and that a pass has decided about, oldest first."""
+    st = load_state(snapshot)
+    out: list[str] = []
+    for name, q in st.queues.items():
+        limit = q.max_queued_time
+        if limit is None:
+            continue
+        mine = [a.spec for a in st.waiting if a.spec.queue == name and a.last is not None]
+        due = [a for a in mine if now - a.submit >= limit]
+        out += [a.id for a in sorted(due, key=lambda a: (a.submit, a.seq))]
+    return out
+
+
+def _tokens_at(rate: RateLimit, tokens: float | None, at: float, now: float) -> float:
+    """A token bucket's tokens at ``now``: it starts full and refills continuously up to
+    its burst; time never runs backwards for it (a submission dated before the last
+    refills nothing)."""
+    if tokens is None:
+        return rate.burst
+    return min(rate.burst, tokens + max(now - at, 0.0) * rate.per_second)
+
+
 def reference_submit(snapshot: Mapping[str, Any], action: ActionSpec, now: float) -> Reason | None:
     """``Scheduler.submit``'s answer for ``action`` on the state ``snapshot`` holds: the
     first submission check it fails, in the documented order, or None (accepted)."""
@@ -755,16 +783,13 @@ def reference_submit(snapshot: Mapping[str, Any], action: ActionSpec, now: float
     held += sum(1 for r in st.running if r.spec.queue == q.name)
     if q.depth is not None and held >= q.depth:
         return Reason.QueueDepthExceeded
-    rate = st.org.submit_rate
-    if rate is not None:
-        # The bucket starts full and refills continuously up to its burst; time never
-        # runs backwards for it (a submission dated before the last refills nothing).
-        if st.tokens is None:
-            tokens = rate.burst
-        else:
-            since = max(now - st.token_time, 0.0)
-            tokens = min(rate.burst, st.tokens + since * rate.per_second)
-        if tokens < 1.0:
+    org_rate = st.org.submit_rate
+    if org_rate is not None and _tokens_at(org_rate, st.tokens, st.token_time, now) < 1.0:
+        return Reason.RateLimited
+    q_rate = q.submit_rate
+    if q_rate is not None:
+        q_tokens, q_time = st.queue_tokens.get(q.name, (None, 0.0))
+        if _tokens_at(q_rate, q_tokens, q_time, now) < 1.0:
             return Reason.RateLimited
     cap = st.org.max_actions_per_run
     if cap is not None and st.run_accepted.get(action.run_id, 0) >= cap:

@@ -30,6 +30,7 @@ from .model import (
     QueueSpec,
     QueueStatus,
     RateLimit,
+    parse_seconds,
     ray_demand,
     replicas_demand,
     spark_demand,
@@ -283,6 +284,14 @@ def _queue_fields(ctx: _Ctx, m: _Map, p: str, clusters: set[str] | None) -> dict
             out[k] = QueueStatus(v)
         elif k in LIMIT_KNOBS:
             out[k] = ctx.count(m, k, p, 0)
+        elif k == "submit_rate":
+            out[k] = _rate(ctx, m, k, p)
+        elif k == "max_queued_time":
+            out[k] = (
+                None
+                if v is None
+                else ctx.wrap(partial(parse_seconds, v, f"{p}.{k}"), line, (f"{p}.{k}", v))
+            )
         elif k == "max_resources":
             out[k] = (
                 None
@@ -346,18 +355,23 @@ def _org(ctx: _Ctx, v: Any, path: str, line: int | None) -> OrgLimits:
         path,
         {"max_concurrent_runs", "max_concurrent_actions", "max_actions_per_run", "submit_rate"},
     )
-    rate = None
-    if m.get("submit_rate") is not None:
-        rp = f"{path}.submit_rate"
-        r = ctx.mapping(m["submit_rate"], rp, ctx.line_of(m, "submit_rate"))
-        ctx.keys(r, rp, {"per_second", "burst"}, {"per_second", "burst"})
-        rate = RateLimit(ctx.number(r, "per_second", rp), ctx.number(r, "burst", rp))
+    rate = _rate(ctx, m, "submit_rate", path) if "submit_rate" in m else None
     return OrgLimits(
         ctx.count(m, "max_concurrent_runs", path) if "max_concurrent_runs" in m else None,
         ctx.count(m, "max_concurrent_actions", path) if "max_concurrent_actions" in m else None,
         ctx.count(m, "max_actions_per_run", path) if "max_actions_per_run" in m else None,
         rate,
     )
+
+
+def _rate(ctx: _Ctx, m: _Map, k: str, path: str) -> RateLimit | None:
+    """A token bucket's settings ``{per_second, burst}`` (null: unlimited)."""
+    if m[k] is None:
+        return None
+    rp = f"{path}.{k}"
+    r = ctx.mapping(m[k], rp, ctx.line_of(m, k))
+    ctx.keys(r, rp, {"per_second", "burst"}, {"per_second", "burst"})
+    return RateLimit(ctx.number(r, "per_second", rp), ctx.number(r, "burst", rp))
 
 
 def _environments(ctx: _Ctx, v: Any, path: str, line: int | None) -> list[EnvironmentSpec]:

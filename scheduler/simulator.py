@@ -3,7 +3,8 @@
 The simulator is a discrete-event loop around the very same ``Scheduler`` the scheduler
 workflow runs; nothing here decides anything. At each instant it applies, in order:
 completions, environment expiries, ``events:`` entries (file order), submissions (file
-order), then a scheduling cycle; zero-duration actions started by that cycle complete at
+order), waiting actions past their queue's ``max_queued_time`` rejected (``QueuedTooLong``),
+then a scheduling cycle; zero-duration actions started by that cycle complete at
 the same instant, in a new round after it.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from .core import Scheduler
 from .model import ActionSpec, ClusterSpec, NodeGroup, OrgLimits, QueueSpec
+from .reasons import Reason
 from .resources import Pod
 from .scenario import Scenario, WorkItem
 
@@ -104,6 +106,10 @@ def simulate(sc: Scenario, seed: int = 0, skipped: int = 0) -> SimResult:
             elif not done:
                 break
             first = False
+            for gone in sched.expire_waiting(now):
+                r = by_id[gone.action_id]
+                r.status = "rejected"
+                r.reasons = [str(Reason.QueuedTooLong)]
             for adm in sched.schedule(now):
                 r = by_id[adm.action_id]
                 r.start = now

@@ -34,6 +34,7 @@ __all__ = [
     "Client",
     "QueueDraining",
     "QueueFull",
+    "QueuedTooLong",
     "RateLimited",
     "Resources",
     "Run",
@@ -59,7 +60,8 @@ class SubmissionRejected(Exception):
 
     One subclass per class of answer (catch this one for all of them):
     :class:`UnknownQueue`, :class:`QueueDraining`, :class:`QueueFull` (the queue's
-    depth), :class:`RateLimited` (with ``retry_after``). A reason without a subclass of
+    depth), :class:`RateLimited` (with ``retry_after``), and :class:`QueuedTooLong` (an
+    accepted action's result, when it waited past its queue's ``max_queued_time``). A reason without a subclass of
     its own (e.g. ``InvalidDemand``) is raised as this class.
 
     Attributes:
@@ -137,7 +139,24 @@ class RateLimited(SubmissionRejected):
             if self.retry_after is not None
             else "no retry passes until the limit is raised"
         )
-        return f"{later}, or raise the limit (headway update org --submit-rate R --submit-burst B)"
+        # The door's detail names the exhausted buckets: the tenant's, the queue's or both.
+        raise_it = []
+        if "the tenant's submit rate" in self.detail or not self.detail:
+            raise_it.append("headway update org --submit-rate R --submit-burst B")
+        if f"queue {self.queue!r}'s submit rate" in self.detail:
+            raise_it.append(f"headway update queue {self.queue} --submit-rate R --submit-burst B")
+        return f"{later}, or raise the limit ({'; '.join(raise_it)})"
+
+
+class QueuedTooLong(SubmissionRejected):
+    """Accepted, the action waited its queue's ``max_queued_time`` without starting and
+    was rejected then (raised by the action's result, not by ``submit``)."""
+
+    def _hint(self) -> str:
+        return (
+            "resubmit when the queue is shorter, or raise its limit "
+            f"(headway update queue {self.queue} --max-queued-time D)"
+        )
 
 
 _REJECTIONS: dict[str, type[SubmissionRejected]] = {
@@ -145,6 +164,7 @@ _REJECTIONS: dict[str, type[SubmissionRejected]] = {
     "QueueDraining": QueueDraining,
     "QueueDepthExceeded": QueueFull,
     "RateLimited": RateLimited,
+    "QueuedTooLong": QueuedTooLong,
 }
 
 

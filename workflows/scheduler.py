@@ -568,7 +568,11 @@ class SchedulerWorkflow:
             tenant=self._tenant,
             rate={"per_second": org.per_second, "burst": org.burst} if org else None,
             queues={
-                name: {"status": q.spec.status.value, "depth": q.spec.depth, "rate": None}
+                name: {
+                    "status": q.spec.status.value,
+                    "depth": q.spec.depth,
+                    "rate": q.spec.submit_rate.to_dict() if q.spec.submit_rate else None,
+                }
                 for name, q in sorted(self._core.queues.items())
             },
             # The configuration goes to the store with the door, and its audit rows.
@@ -820,7 +824,9 @@ class SchedulerWorkflow:
             apply()
 
     def _decide(self, now: float) -> None:
-        """One pass; its admissions join the undelivered ones."""
+        """One pass; its admissions join the undelivered ones (and the rejections of
+        what waited past its queue's ``max_queued_time``, decided first)."""
+        self._expire(now)
         admitted = self._schedule(now)
         self._waits = self._waiting()
         self._stats["passes"] += 1
@@ -991,6 +997,22 @@ class SchedulerWorkflow:
         except Exception as e:  # the action is failed to its workflow all the same
             self._pass_failed(e, f"cancelling {action_id!r} in the core failed")
         self._reject_failed(action_id, now)
+
+    def _expire(self, now: float) -> None:
+        """Reject each waiting action past its queue's ``max_queued_time``: its workflow
+        ends rejected (``QueuedTooLong``) and releases its lease. Nothing is decided,
+        and no command issued, for a tenant whose queues set no such limit (the
+        histories recorded before the knob replay)."""
+        for gone in self._core.expire_waiting(now):
+            self._stats["rejected"] += 1
+            reason = Reason.QueuedTooLong
+            self._out_reject.append(
+                RejectItem(
+                    self._workflow_id(gone.action_id),
+                    Rejection(gone.action_id, str(reason), gone.detail, now),
+                )
+            )
+            self._loop.workflow_ids.pop(gone.action_id, None)
 
     def _reject_failed(self, action_id: str, now: float) -> None:
         self._stats["actions_failed"] += 1

@@ -75,6 +75,36 @@ def test_update_org_rejects_bad_flags_before_connecting():
 
 
 @pytest.mark.parametrize(
+    ("command", "flags", "named"),
+    [
+        pytest.param(
+            "create", ["--submit-rate", "fast"], "--submit-rate: 'fast'", id="not-a-number"
+        ),
+        pytest.param(
+            "create", ["--submit-rate", "0"], "--submit-rate: '0' must be more", id="zero"
+        ),
+        pytest.param(
+            "update",
+            ["--submit-rate", "5", "--submit-burst", "0.5"],
+            "--submit-burst: '0.5' must be at least 1",
+            id="burst-below-one",
+        ),
+        pytest.param(
+            "create",
+            ["--submit-burst", "10"],
+            "--submit-burst needs --submit-rate",
+            id="a-burst-without-a-rate",
+        ),
+    ],
+)
+def test_a_queues_submit_rate_flags_are_checked_before_connecting(command, flags, named):
+    result = invoke(command, "queue", "q1", *flags)
+    assert result.exit_code == 2, result.output
+    assert named in result.output
+    assert "cannot reach" not in result.output
+
+
+@pytest.mark.parametrize(
     ("flag", "value", "named"),
     [
         ("--cpu", "two", "--cpu: 'two'"),
@@ -173,6 +203,8 @@ def test_queue_entry_round_trips():
         "action_concurrency": 200,
         "per_run_concurrency": None,
         "depth": 10000,
+        "submit_rate": {"per_second": 20.0, "burst": 50.0},
+        "max_queued_time": 3600,
         "max_resources": {"cpu": "500m", "memory": "4Ti", "gpu": "H200:16"},
         "clusters": ["gpu-h200"],
         "status": "active",

@@ -63,3 +63,26 @@ def test_what_if_bad_flag_names_it_and_sends_nothing(snapshot: None) -> None:
     res = CliRunner().invoke(cli, ["what-if", "train", "--action-concurrency", "-2"])
     assert res.exit_code != 0
     assert "--action-concurrency" in res.output and "-2" in res.output
+
+
+def test_forecast_says_which_would_wait_past_max_queued_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The same queue with a 150 s limit: a1 starts at 100, a2 (at 200) would not.
+    async def fake(client: Any, tenant: str) -> tuple[Scheduler, float]:
+        s = live()
+        s.update_queue("train", {"max_queued_time": 150})
+        return Scheduler.from_snapshot(s.to_snapshot()), 0.0
+
+    async def no_connect(cfg: Any) -> Any:
+        return object()
+
+    monkeypatch.setattr(insight, "fetch_snapshot", fake)
+    monkeypatch.setattr("headway.cli._common.connect", no_connect)
+    res = CliRunner().invoke(cli, ["forecast", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["action"]: r for r in json.loads(res.output)}
+    assert (rows["a1"]["starts_in_s"], rows["a1"]["expires_in_s"]) == (100.0, None)
+    assert (rows["a2"]["starts_in_s"], rows["a2"]["expires_in_s"]) == (None, 150.0)
+    table = CliRunner().invoke(cli, ["forecast"])
+    assert "never (QueuedTooLong in 2m30s)" in table.output, table.output

@@ -178,3 +178,67 @@ def test_rate_limited_exits_4_with_when_to_retry(stack: Stack, tenant: str) -> N
     assert text.exit_code == 4, text.output
     assert "rejected r3 (RateLimited): the tenant's submit rate (0.01/s, burst 1)" in text.stderr
     assert re.search(r"retry after \d+ s", text.stderr), text.stderr
+
+
+def test_a_queues_own_rate_is_set_by_flags_and_its_rejection_names_it(
+    stack: Stack, tenant: str
+) -> None:
+    # One submission per 100 s to this queue, a burst of one; the tenant is unlimited.
+    ok(hw(stack, tenant, "create", "queue", "slow", "--submit-rate", "0.01", "--submit-burst", "1"))
+    shown = hw(stack, tenant, "describe", "queue", "slow")
+    ok(shown)
+    assert re.search(r"submit_rate:\s+0.01/s, burst 1\b", shown.output), shown.output
+    ok(submit(stack, tenant, "--queue", "slow", "--id", "q1", "--duration", "0"))
+    res = submit(stack, tenant, "--queue", "slow", "--id", "q2")
+    answered(res)
+    assert res.exit_code == 4, res.output
+    assert "rejected q2 (RateLimited): queue 'slow''s submit rate (0.01/s, burst 1)" in res.stderr
+    assert re.search(r"retry after \d+ s", res.stderr), res.stderr
+    assert "headway update queue slow --submit-rate R --submit-burst B" in res.stderr
+    assert "update org" not in res.stderr
+    # Raised live by a flag (the burst kept): the next submission goes in.
+    ok(hw(stack, tenant, "update", "queue", "slow", "--submit-rate", "100"))
+    ok(submit(stack, tenant, "--queue", "slow", "--id", "q3", "--duration", "0"))
+    # 'unlimited' unsets it.
+    ok(hw(stack, tenant, "update", "queue", "slow", "--submit-rate", "unlimited"))
+    shown = hw(stack, tenant, "describe", "queue", "slow")
+    assert re.search(r"submit_rate:\s+unlimited", shown.output), shown.output
+    asyncio.run(idle(stack, tenant, "slow"))
+
+
+def test_an_action_waiting_past_max_queued_time_exits_3_with_wait(
+    stack: Stack, tenant: str
+) -> None:
+    # Nothing starts on this queue; an action may wait a second.
+    ok(
+        hw(
+            stack,
+            tenant,
+            "create",
+            "queue",
+            "brief",
+            "--action-concurrency",
+            "0",
+            "--max-queued-time",
+            "1s",
+        )
+    )
+    shown = ok(hw(stack, tenant, "describe", "queue", "brief"))
+    assert re.search(r"max_queued_time:\s+1s\b", shown.output), shown.output
+    res = submit(stack, tenant, "--queue", "brief", "--id", "e1", "--wait")
+    answered(res)
+    assert res.exit_code == 3, res.output
+    assert "submitted e1 to queue 'brief' (waiting)" in res.stdout
+    assert "rejected e1 (QueuedTooLong): waited " in res.stderr
+    assert "in queue 'brief' without starting; its max_queued_time is 1 s" in res.stderr
+    assert "what to change: resubmit when the queue is shorter" in res.stderr
+    # Unset: an action waits as long as it takes.
+    ok(hw(stack, tenant, "update", "queue", "brief", "--max-queued-time", "unlimited"))
+    shown = ok(hw(stack, tenant, "describe", "queue", "brief"))
+    assert re.search(r"max_queued_time:\s+unlimited", shown.output), shown.output
+
+
+def test_a_bad_max_queued_time_names_the_flag(stack: Stack, tenant: str) -> None:
+    res = hw(stack, tenant, "create", "queue", "brief", "--max-queued-time", "soon")
+    assert res.exit_code == 2, res.output
+    assert "--max-queued-time: 'soon' is not a duration" in res.output

@@ -223,3 +223,58 @@ def test_a_submission_the_live_door_took_in_skips_the_door_in_the_core() -> None
     assert s.tokens == tokens
     # An unknown queue is still unknown.
     assert s.submit(action(2, queue="nope"), 0.0, door=False) is Reason.UnknownQueue
+
+
+# --- a queue's own submit rate ----------------------------------------------------------
+
+
+def test_the_core_keeps_each_queues_bucket_as_the_door_does() -> None:
+    """A stream to a queue with its own rate (and the org's): the core's answers and its
+    kept queue bucket are the door's fold, and a second queue's bucket is its own."""
+    q_rate, org_rate = RateLimit(2.0, 3.0), RateLimit(8.0, 10.0)
+    s = core(QueueSpec("q", submit_rate=q_rate), OrgLimits(submit_rate=org_rate))
+    s.upsert_queue(QueueSpec("free"))
+    door = QueueDoor(rate=q_rate)
+    org, qb = FULL, FULL
+    answers = []
+    for i, t in enumerate(i * 0.1 for i in range(30)):
+        want = decide("q", door, org_rate, i, org, qb, t)
+        org, qb = want.org, want.queue
+        assert s.submit(action(i, t=t), t) == want.reason, (i, t)
+        assert s.queue_buckets["q"] == qb
+        answers.append(want.reason)
+    # Burst 3 at t=0, then a token every 0.5 s up to t=2.9: 5 more.
+    assert answers.count(None) == 3 + 5
+    # The queue without a rate of its own is limited by the org's bucket only.
+    assert s.submit(action(100, queue="free", t=3.0), 3.0) is None
+    assert "free" not in s.queue_buckets
+
+
+def test_a_queues_bucket_survives_a_snapshot_round_trip() -> None:
+    s = core(QueueSpec("q", submit_rate=RateLimit(1.0, 2.0)), OrgLimits())
+    assert [s.submit(action(i), 0.0) for i in range(3)] == [None, None, Reason.RateLimited]
+    again = Scheduler.from_snapshot(s.to_snapshot())
+    assert again.queue_buckets == s.queue_buckets == {"q": Bucket(0.0, 0.0)}
+    # Continued from the snapshot: still empty at t=0.5, a token again at t=1.
+    assert again.submit(action(3, t=0.5), 0.5) is Reason.RateLimited
+    assert again.submit(action(4, t=1.0), 1.0) is None
+
+
+def test_a_snapshot_from_before_queue_rates_loads_with_full_buckets() -> None:
+    s = core(QueueSpec("q", submit_rate=RateLimit(1.0, 1.0)), OrgLimits())
+    snap = s.to_snapshot()
+    del snap["queue_tokens"]
+    assert Scheduler.from_snapshot(snap).queue_buckets == {}
+
+
+def test_a_removed_queue_forgets_its_bucket() -> None:
+    s = core(QueueSpec("q", submit_rate=RateLimit(1.0, 1.0)), OrgLimits())
+    s.upsert_queue(QueueSpec("gone", submit_rate=RateLimit(1.0, 1.0)))
+    assert s.submit(action(0, queue="gone"), 0.0) is None
+    assert "gone" in s.queue_buckets
+    s.cancel("a0", 0.0)
+    s.remove_queue("gone")
+    assert "gone" not in s.queue_buckets
+    # A queue of that name made again starts with a full bucket.
+    s.upsert_queue(QueueSpec("gone", submit_rate=RateLimit(1.0, 1.0)))
+    assert s.submit(action(1, queue="gone"), 0.0) is None

@@ -54,6 +54,23 @@ def test_forecast_runs_the_same_pass_forward_by_estimates() -> None:
     assert s.state("a1") == "waiting" and s.running_count("q") == 1
 
 
+def test_forecast_expires_what_would_wait_past_max_queued_time() -> None:
+    # The same greedy stream with a 120 s limit: a3 would start at 150, 150 s after its
+    # submission, so it is rejected at 120 instead, and what-if shows the limit's effect.
+    s = Scheduler(
+        [make_cluster()], [QueueSpec("q", algorithm=Algorithm.greedy, max_queued_time=120.0)]
+    )
+    for i, (g, est) in enumerate([(8, 100.0), (4, 50.0), (4, 30.0), (8, 10.0)]):
+        assert s.submit(act(f"a{i}", "q", g, 0.0, est, seq=i), 0.0) is None
+    assert [x.action_id for x in s.schedule(0.0)] == ["a0"]
+    f = forecast(s, 0.0)
+    assert f.starts == {"a1": 100.0, "a2": 100.0, "a3": None}
+    assert f.expires == {"a3": 120.0}
+    assert s.state("a3") == "waiting"  # the live scheduler is untouched
+    diff = what_if(s, 0.0, [("q", {"max_queued_time": "1h"})])
+    assert diff["a3"] == {"before": None, "after": 150.0, "delta": None}
+
+
 def test_explain_max_resources_names_dimension_and_needed_raise() -> None:
     s = Scheduler(
         [make_cluster(gpus=8, nodes=2)],

@@ -18,6 +18,7 @@ from headway.scheduler.model import (
     Priority,
     QueueSpec,
     QueueStatus,
+    RateLimit,
 )
 from headway.scheduler.reasons import Reason
 from headway.scheduler.resources import Quota
@@ -34,6 +35,8 @@ EVERY_KNOB_SET = QueueSpec(
     action_concurrency=7,
     per_run_concurrency=2,
     depth=50,
+    submit_rate=RateLimit(per_second=2.5, burst=10.0),
+    max_queued_time=600.0,
     max_resources=Quota(cpu=8000, memory=2**34, eph=None, gpu=8, gpu_type="H100"),
     clusters=("c1", "c2"),
     status=QueueStatus.draining,
@@ -77,6 +80,7 @@ def test_the_cli_has_a_flag_for_every_knob_but_the_name() -> None:
         want = {
             KnobKind.quota: "max-cpu",
             KnobKind.clusters: "cluster",
+            KnobKind.rate: "submit-rate",
         }.get(k.kind, k.name.replace("_", "-"))
         assert want in flags, f"no CLI flag for knob {k.name}"
 
@@ -93,3 +97,31 @@ def test_a_bad_limit_names_the_knob_and_the_value() -> None:
 
     with pytest.raises(ValueError, match=r"depth: -1 must be a non-negative integer"):
         check_limits(dataclasses.replace(EVERY_KNOB_SET, depth=-1))
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        pytest.param(600, 600.0, id="seconds"),
+        pytest.param("90s", 90.0, id="seconds-suffix"),
+        pytest.param("10m", 600.0, id="minutes"),
+        pytest.param("2h", 7200.0, id="hours"),
+        pytest.param("1d", 86400.0, id="days"),
+        pytest.param(None, None, id="unlimited"),
+    ],
+)
+def test_max_queued_time_reads_seconds_or_a_duration(value: object, want: float | None) -> None:
+    assert QueueSpec.from_dict({"name": "q", "max_queued_time": value}).max_queued_time == want
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        pytest.param("soon", "max_queued_time: 'soon' is not a duration", id="words"),
+        pytest.param(-1, "max_queued_time: -1 must be >= 0", id="negative"),
+        pytest.param(True, "max_queued_time: True is not a duration", id="a-boolean"),
+    ],
+)
+def test_a_bad_max_queued_time_names_the_knob_and_the_value(value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        QueueSpec.from_dict({"name": "q", "max_queued_time": value})

@@ -66,10 +66,16 @@ from headway.scheduler import (
     Scheduler,
     simulator,
 )
-from headway.scheduler.core import Admitted
+from headway.scheduler.core import Admitted, Expired
 from headway.scheduler.model import ray_demand, replicas_demand, spark_demand
 from headway.scheduler.reasons import Reason
-from headway.scheduler.reference import Decisions, State, reference_pass, reference_submit
+from headway.scheduler.reference import (
+    Decisions,
+    State,
+    reference_expired,
+    reference_pass,
+    reference_submit,
+)
 from headway.scheduler.resources import Pod
 from headway.scheduler.scenario import Scenario, WorkItem
 from headway.scheduler.simulator import simulate
@@ -172,6 +178,13 @@ class CheckedScheduler(Scheduler):
         got = super().submit(action, now)
         if got != want:
             raise Mismatch(f"submit {action.id} at {now}: core {got!r} != reference {want!r}")
+        return got
+
+    def expire_waiting(self, now: float) -> list[Expired]:
+        want = reference_expired(self.to_snapshot(), now)
+        got = super().expire_waiting(now)
+        if [e.action_id for e in got] != want:
+            raise Mismatch(f"expired at {now}: core {got!r} != reference {want!r}")
         return got
 
     def schedule(self, now: float) -> list[Admitted]:
@@ -388,6 +401,8 @@ def mixed_queue(ch: Chooser, name: str, cnames: list[str]) -> QueueSpec:
         action_concurrency=ch.one([*UNLIMITED, 2, 4, 8], "action_concurrency"),
         per_run_concurrency=ch.one([*UNLIMITED, 1, 2], "per_run_concurrency"),
         depth=ch.one([*UNLIMITED, 6, 30], "depth"),
+        submit_rate=ch.one([*UNLIMITED, RateLimit(1.0, 2.0)], "queue.submit_rate"),
+        max_queued_time=ch.one([*UNLIMITED, 0.0, 30.0], "max_queued_time"),
         max_resources=quota(ch) if ch.between(0, 3, "quota?") == 0 else None,
         clusters=sel,
     )
@@ -596,6 +611,8 @@ class Shard:
         self.ends: dict[str, float] = {}
 
     def cycle(self) -> None:
+        # As the scheduler workflow does: the expired go before the pass decides.
+        self.core.expire_waiting(self.now)
         for a in self.core.schedule(self.now):
             self.ends[a.action_id] = self.now + self.durations.pop(a.action_id)
 
@@ -702,7 +719,7 @@ class Shard:
         knobs = ["priority", "algorithm", "algorithm", "clusters", "clusters", "status"]
         if self.profile == "mixed":
             knobs += ["run_concurrency", "action_concurrency", "per_run_concurrency"]
-            knobs += ["depth", "max_resources"]
+            knobs += ["depth", "submit_rate", "max_queued_time", "max_resources"]
         knob = ch.one(knobs, "knob")
         change: Any
         if knob == "status":

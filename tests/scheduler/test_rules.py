@@ -181,6 +181,107 @@ SUBMISSION = [
         ),
         {"a": S(0), "b": REJ("QueueDepthExceeded"), "c": S(200), "d": REJ("RateLimited")},
     ),
+    # A queue's own bucket (burst 2, 1 token/s), the org unlimited: at t=0 a and b take
+    # both tokens, c RateLimited; t=0.5: half a token, d RateLimited; t=1: one, e in.
+    # Queue p has no rate: its burst of three all go in at t=0.
+    Case(
+        "queue-submit-rate-is-its-own-bucket-RateLimited",
+        scenario(
+            [make_cluster("c1")],
+            [make_queue("q", submit_rate={"per_second": 1, "burst": 2}), make_queue("p")],
+            [
+                job("a", "q", 0, 1),
+                job("b", "q", 0, 1),
+                job("c", "q", 0, 1),
+                job("d", "q", 0.5, 1),
+                job("e", "q", 1, 1),
+                job("x", "p", 0, 1),
+                job("y", "p", 0, 1),
+                job("z", "p", 0, 1),
+            ],
+        ),
+        {
+            "a": S(0),
+            "b": S(0),
+            "c": REJ("RateLimited"),
+            "d": REJ("RateLimited"),
+            "e": S(1),
+            "x": S(0),
+            "y": S(0),
+            "z": S(0),
+        },
+        queues={
+            "q": {"admitted": 3, "rejected": 2, "pending": 0},
+            "p": {"admitted": 3, "rejected": 0, "pending": 0},
+        },
+    ),
+    # Both buckets apply, a token taken from each only together: the org's (burst 3,
+    # no refill) and q's (burst 1, 1/s). t=0: a in (org 2, q 0); b RateLimited by q, the
+    # org keeps its token; t=1: c in (org 1); t=1: p's d in (org 0); t=5: e RateLimited
+    # by the org although q's bucket is full again.
+    Case(
+        "queue-and-org-buckets-take-a-token-only-together",
+        scenario(
+            [make_cluster("c1")],
+            [make_queue("q", submit_rate={"per_second": 1, "burst": 1}), make_queue("p")],
+            [
+                job("a", "q", 0, 1),
+                job("b", "q", 0, 1),
+                job("c", "q", 1, 1),
+                job("d", "p", 1, 1),
+                job("e", "q", 5, 1),
+            ],
+            org={"submit_rate": {"per_second": 0, "burst": 3}},
+        ),
+        {
+            "a": S(0),
+            "b": REJ("RateLimited"),
+            "c": S(1),
+            "d": S(1),
+            "e": REJ("RateLimited"),
+        },
+    ),
+    # max_queued_time 50 s on q (one node, 8 GPUs; each job takes all 8). a runs 0-100;
+    # b (t=1) would start at 100 but its time is up at 51: QueuedTooLong then, and c
+    # (t=60) starts at 100 in its place (40 s of its 50). d (t=70) would start at 200
+    # and is QueuedTooLong at 120. Queue p has no limit: e (t=2) waits and starts at
+    # 200, after c, whatever it waited (p is the lower priority).
+    Case(
+        "max-queued-time-rejects-the-waiting-QueuedTooLong-and-frees-its-place",
+        scenario(
+            C1,
+            [make_queue("q", max_queued_time=50), make_queue("p", priority="low")],
+            [
+                job("a", "q", 0, 100, gpu=h(8)),
+                job("b", "q", 1, 100, gpu=h(8)),
+                job("e", "p", 2, 100, gpu=h(8)),
+                job("c", "q", 60, 100, gpu=h(8)),
+                job("d", "q", 70, 100, gpu=h(8)),
+            ],
+        ),
+        {
+            "a": S(0, 100),
+            "b": REJ("QueuedTooLong"),
+            "c": S(100, 200, reasons=[NCC]),
+            "d": REJ("QueuedTooLong"),
+            "e": S(200, 300, reasons=[NCC]),
+        },
+        queues={
+            "q": {"admitted": 2, "rejected": 2, "pending": 0},
+            "p": {"admitted": 1, "rejected": 0, "pending": 0},
+        },
+    ),
+    # A limit of 0 with a duration notation ("0s"): what cannot start at its submission
+    # is rejected at once; what can, starts.
+    Case(
+        "max-queued-time-zero-starts-now-or-never",
+        scenario(
+            C1,
+            [make_queue("q", max_queued_time="0s")],
+            [job("a", "q", 0, 10, gpu=h(8)), job("b", "q", 0, 10, gpu=h(8))],
+        ),
+        {"a": S(0, 10), "b": REJ("QueuedTooLong")},
+    ),
     # Fan-out counts the run's ACCEPTED actions, all time. max 2 per run, depth 1:
     # a (R, 0-100) accepted (1); b (R, t=1) rejected by depth (not counted); c (R, t=200)
     # accepted (2; a has ended but still counts); d (R, t=300) FanOutExceeded;

@@ -252,3 +252,68 @@ async def test_the_same_submission_racing_itself_gets_the_door_answer_every_time
         assert sub.answer is not None and sub.answer.accepted, sub
         assert sub.handle.id == taken[0].handle.id
     assert (await hw.wait_result(taken[0].handle)).state == "succeeded"
+
+
+async def test_a_queues_own_rate_passes_a_steady_stream_and_cuts_a_burst_at_once(
+    plane: Plane, tenant: str
+) -> None:
+    # The queue's own bucket (10/s, burst 10), set live by an update; the tenant has no
+    # rate, and queue "open" beside it none: its burst is all taken in.
+    await hw.upsert_queue(plane.client, tenant, {"name": "limited"}, plane.fleet)
+    await hw.upsert_queue(plane.client, tenant, {"name": "open"}, plane.fleet)
+    await hw.update_queue(
+        plane.client, tenant, "limited", {"submit_rate": {"per_second": 10, "burst": 10}}
+    )
+    door = plane.store.door(tenant)
+    assert (door["limited"]["rate"], door["limited"]["burst"]) == (10.0, 10.0)
+    assert door["open"]["rate"] is None and door[""]["rate"] is None
+    sdk = SdkClient(plane.client, tenant=tenant)
+    loop = asyncio.get_running_loop()
+
+    # 5/s for 6 s, each submission answered before the next one is sent.
+    steady: dict[str, SubmissionRejected | None] = {}
+    for i in range(30):
+        started = loop.time()
+        steady.update(await submit_all(sdk, "limited", [f"s{i}"]))
+        await asyncio.sleep(max(0.0, 0.2 - (loop.time() - started)))
+    assert [a for a, e in steady.items() if e is not None] == []
+
+    # Let the bucket fill, then 30/s for a second to each queue, without waiting for
+    # the answers.
+    await asyncio.sleep(1.5)
+    burst: dict[str, SubmissionRejected | None] = {}
+
+    async def send(queue: str, action_id: str) -> None:
+        burst.update(await submit_all(sdk, queue, [action_id]))
+
+    tasks = []
+    for i in range(30):
+        tasks.append(asyncio.create_task(send("limited", f"b{i}")))
+        tasks.append(asyncio.create_task(send("open", f"o{i}")))
+        await asyncio.sleep(1 / 30)
+    await asyncio.gather(*tasks)
+    rejected = sorted(a for a, e in burst.items() if e is not None)
+    mine = [f"b{i}" for i in range(30)]
+    accepted = sum(burst[a] is None for a in mine)
+    times = [(await hw.action_state(plane.client, tenant, a)).submitted_at for a in mine]
+    span = max(times) - min(times)
+    print(
+        f"\nqueue rate 10/s burst 10: steady 5/s x 30 -> 0 rejected; 30/s x 30 -> "
+        f"{accepted} accepted, {30 - accepted} rejected (decisions over {span:.2f} s); "
+        f"the unlimited queue beside it: 30 of 30 accepted"
+    )
+    assert all(a.startswith("b") for a in rejected)  # "open" took all of its burst
+    assert 10 <= accepted <= 10 + int(10 * span) + 1, (accepted, span)
+    assert rejected
+    for action_id in rejected:
+        err = burst[action_id]
+        assert isinstance(err, RateLimited), err
+        assert err.retry_after is not None and 0 < err.retry_after <= 0.1 + 1e-9
+        assert "queue 'limited''s submit rate (10/s, burst 10) is exhausted" in str(err)
+    assert await left_behind(plane, tenant, rejected) == []
+    # Everything taken in runs to its end.
+    for action_id in [a for a, e in {**steady, **burst}.items() if e is None]:
+        h = plane.client.get_workflow_handle(protocol.action_workflow_id(tenant, action_id))
+        assert (await hw.wait_result(h, action_id=action_id)).state == "succeeded"
+    await eventually(lambda: _queue_idle(plane.client, tenant, "limited"))
+    await eventually(lambda: _queue_idle(plane.client, tenant, "open"))
