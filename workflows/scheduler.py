@@ -800,6 +800,8 @@ class SchedulerWorkflow:
                     break
                 await self._sync()
             self._claimed = 0
+            if self._door_pushed < self._door_gen:
+                await self._put_door()  # a sync found the store without its door
             if self._silent_checks:
                 self._mark_silent(now)
             self._decide(now)
@@ -1135,7 +1137,19 @@ class SchedulerWorkflow:
                 continue
             # A lease taken in at the door (``put_lease``) was decided there against the
             # store's whole backlog; the core does not decide the door's rules again.
-            rejected = self._core.submit(spec, now, door=not d.get("door"))
+            at_door = bool(d.get("door"))
+            if not at_door and self._door_pushed and workflow.patched("door-restated"):
+                # The door was put, yet a submission passed without one: the store lost
+                # it (restored from a backup, or a new database under a running shard).
+                # This one is decided here, late; the door is put again for the next.
+                workflow.logger.warning(
+                    "lease of %r came without the door: the store has no door for "
+                    "tenant %r; putting it again",
+                    spec.id,
+                    self._tenant,
+                )
+                self._door_gen += 1
+            rejected = self._core.submit(spec, now, door=not at_door)
             if rejected is not None:
                 self._stats["rejected"] += 1
                 self._out_reject.append(

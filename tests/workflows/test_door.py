@@ -317,3 +317,33 @@ async def test_a_queues_own_rate_passes_a_steady_stream_and_cuts_a_burst_at_once
         assert (await hw.wait_result(h, action_id=action_id)).state == "succeeded"
     await eventually(lambda: _queue_idle(plane.client, tenant, "limited"))
     await eventually(lambda: _queue_idle(plane.client, tenant, "open"))
+
+
+async def test_a_store_that_lost_its_door_gets_it_back_from_the_running_shard(
+    plane: Plane, tenant: str
+) -> None:
+    # A store restored from a backup (or a new database under a running shard) has no
+    # door: submissions pass it undecided and the scheduler decides them, late. The
+    # first such lease makes the shard put its door again, so the next is answered at
+    # the door.
+    await hw.upsert_queue(plane.client, tenant, {"name": "default"}, plane.fleet)
+    first = await hw.submit_action(plane.client, req(tenant, "lost-0", "nowhere"))
+    assert first.answer is not None and first.answer.reason == "UnknownQueue"
+    from headway.store import DoorRow
+    from sqlalchemy import delete
+
+    with plane.store.engine.begin() as conn:
+        conn.execute(delete(DoorRow).where(DoorRow.tenant == tenant))
+    late = await hw.submit_action(plane.client, req(tenant, "lost-1", "nowhere"))
+    assert late.answer is not None and late.answer.accepted  # no door to refuse it
+    res = await hw.wait_result(late.handle)
+    assert (res.state, res.reason) == ("rejected", "UnknownQueue")  # the shard did
+
+    async def door_back() -> bool:
+        with plane.store.engine.connect() as conn:
+            rows = conn.execute(DoorRow.__table__.select().where(DoorRow.tenant == tenant))
+            return bool(rows.all())
+
+    await eventually(door_back)
+    again = await hw.submit_action(plane.client, req(tenant, "lost-2", "nowhere"))
+    assert again.answer is not None and again.answer.reason == "UnknownQueue"
