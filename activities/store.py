@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +50,7 @@ from headway.scheduler.door import QueueDoor
 from headway.scheduler.model import ClusterSpec, QueueStatus, RateLimit
 from headway.store import DONE_CHANNEL, LeaseStore, Nudge, Put, queue_channel
 from headway.store.config import ConfigStore
+from headway.store.history import PRUNE_EVERY_S, Finished, HistoryStore
 from headway.workflows.shared import (
     CONFIG_ACTIVITY,
     CONFIG_HISTORY_ACTIVITY,
@@ -196,6 +198,7 @@ class StoreActivities:
         waiters: AdmissionWaiters | None = None,
         admit_wait_s: float | None = None,
         fairness: ShardFairness | None = None,
+        history_retention_s: float | None = None,
     ) -> None:
         """Activities over ``store``.
 
@@ -208,6 +211,8 @@ class StoreActivities:
                 None: as long as the action asks (``ADMIT_WAIT_S``), 0: not at all.
             fairness: told of every lease write and end (a shard's interactive work);
                 shared with the dispatch activity, which paces other shards meanwhile.
+            history_retention_s: how long the record of a finished action is kept
+                (``headway.store.history``); None: for ever.
         """
         self.store = store
         self.config = ConfigStore(store)
@@ -218,6 +223,9 @@ class StoreActivities:
             raise ValueError(f"admit_wait_s: {admit_wait_s!r} is not a number of seconds >= 0")
         self.admit_wait_s = admit_wait_s
         self.fairness = fairness
+        self.history = HistoryStore(store)
+        self.history_retention_s = history_retention_s
+        self._pruned_at: float | None = None
         self._commit = _GroupCommit(store)
         # Per tenant: nudges started so far; the lazy nudge pending (if any), and the
         # count at the latest end it stands for.
@@ -376,11 +384,28 @@ class StoreActivities:
         if self.fairness is not None:
             self.fairness.touch(inp.tenant)
         must = await self._commit.submit("finish", (inp.tenant, inp.action_id, inp.kind))
+        if inp.record is not None:
+            # After the end is committed: a failure here retries the whole activity,
+            # whose finish is idempotent, and the record is keyed by action (written once).
+            await asyncio.to_thread(self._record, inp.tenant, Finished.from_dict(inp.record))
         if must is Nudge.NOW:
             await self.nudge(inp.tenant, DONE_CHANNEL)
         elif must is Nudge.SOON:
             self._nudge_soon(inp.tenant)
         return must is not Nudge.NONE
+
+    def _record(self, tenant: str, rec: Finished) -> None:
+        """Write the record of a finished action, and prune expired ones now and then."""
+        self.history.record(tenant, rec)
+        keep = self.history_retention_s
+        now = time.monotonic()
+        if keep is None or (self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY_S):
+            return
+        self._pruned_at = now
+        try:
+            self.history.prune(time.time() - keep)
+        except Exception:  # the next prune deletes them; the record itself is written
+            log.warning("pruning the record of finished actions failed", exc_info=True)
 
     def _nudge_soon(self, tenant: str) -> None:
         """A ``done`` nudge within ``LAZY_END_NUDGE_S``, unless another goes out first."""
