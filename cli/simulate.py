@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 from headway.scheduler.scenario import ScenarioError, load_scenario
-from headway.scheduler.simulator import SwfError, load_swf, render_json, summary_text
+from headway.scheduler.simulator import SwfError, load_swf, render_json
 from headway.scheduler.simulator import simulate as run_sim
 
 __all__ = ["simulate"]
@@ -85,7 +85,9 @@ def simulate(
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     res = run_sim(sc, seed=seed, skipped=skipped)
-    click.echo(summary_text(res))
+    from headway.review.review import simulate_summary
+
+    click.echo(simulate_summary(sc, res))
     if output is not None:
         output.write_text(render_json(res))
         click.echo(f"result written to {output}")

@@ -10,6 +10,7 @@ start-up, workflow latency, a cluster's reported capacity).
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,7 +34,14 @@ from .compare import (
 from .units import human_duration, human_percent
 from .workload import Layout, Replay, build_replay
 
-__all__ = ["FIDELITY_NOTE", "Review", "run_review", "scenario_review", "summary"]
+__all__ = [
+    "FIDELITY_NOTE",
+    "Review",
+    "run_review",
+    "scenario_review",
+    "simulate_summary",
+    "summary",
+]
 
 FIDELITY_NOTE = (
     "The replay runs the same scheduler core as the live scheduler; what differs from"
@@ -162,10 +170,9 @@ def _window_notes(r: Replay) -> list[str]:
 
 def summary(rv: Review, top: int = 5) -> str:
     """A short summary for a terminal (80 columns), with units and labelled columns."""
-    out: list[str] = [rv.title, *rv.notes, ""]
-    starved = f"STARVED>{human_duration(rv.starved_after)}"
+    out: list[str] = [rv.title, *(_wrap(n) for n in rv.notes), ""]
     head = f"{'QUEUE':<14}{'RUN':<10}{'ACTIONS':>7}{'WAIT P50':>10}{'WAIT P95':>10}"
-    head += f"{'WAIT MAX':>10}{'GANG-HELD':>10}  {starved}"
+    head += f"{'WAIT MAX':>10}{'GANG-HELD':>10}  STARVED"
     out.append(head)
     shown = [(v, m) for v, m in zip(rv.views, rv.measures, strict=True) if v.name != "recorded"]
     for q in rv.views[0].queues:
@@ -177,6 +184,12 @@ def summary(rv: Review, top: int = 5) -> str:
                 f"{human_duration(qm.max):>10}{human_duration(qm.gang_blocked):>10}"
                 f"  {qm.starved}"
             )
+    out.append(
+        _wrap(
+            f"GANG-HELD: time waited behind a gang's hold or reservation; STARVED: actions"
+            f" that waited over {human_duration(rv.starved_after)}."
+        )
+    )
     out.append("")
     out.append(
         f"{'CLUSTER':<16}{'RESOURCE':<10}"
@@ -199,9 +212,7 @@ def summary(rv: Review, top: int = 5) -> str:
 
 
 def _movers(word: str, ms: list[Mover], by: float, top: int) -> list[str]:
-    lines = [
-        f"Start {word} under the proposal (by {human_duration(by)} or more): {len(ms)}"
-    ]
+    lines = [f"Start {word} under the proposal (by {human_duration(by)} or more): {len(ms)}"]
     for m in ms[:top]:
         lines.append(
             f"  {m.id} ({m.queue}): waited {human_duration(m.wait_before)} ->"
@@ -216,9 +227,12 @@ def fidelity_lines(f: Fidelity) -> list[str]:
     """The replay under today's layout against the record, in words and figures."""
     rho = "-" if f.order_correlation is None else f"{f.order_correlation:.2f}"
     lines = [
-        f"Replay fidelity (today's layout vs the record, {f.actions} actions): admission"
-        f" order rank correlation {rho}, consecutive admissions kept in order"
-        f" {human_percent(f.order_pairs_kept)}, same cluster {human_percent(f.same_cluster)}.",
+        _wrap(
+            f"Replay fidelity (today's layout vs the record, {f.actions} actions): admission"
+            f" order rank correlation {rho}, consecutive admissions kept in order"
+            f" {human_percent(f.order_pairs_kept)}, same cluster"
+            f" {human_percent(f.same_cluster)}."
+        ),
         f"{'QUEUE':<14}{'WAIT ERROR (MEAN)':>18}{'RECORDED P50':>14}{'REPLAY P50':>12}",
     ]
     for q, e in f.wait_error.items():
@@ -226,5 +240,48 @@ def fidelity_lines(f: Fidelity) -> list[str]:
             f"{q:<14.14}{human_duration(e['mean_abs_error']):>18}"
             f"{human_duration(e['recorded_p50']):>14}{human_duration(e['replay_p50']):>12}"
         )
-    lines.append(FIDELITY_NOTE)
+    lines.append(_wrap(FIDELITY_NOTE))
     return lines
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, 80)
+
+
+def simulate_summary(sc: Scenario, res: SimResult) -> str:
+    """``headway simulate``'s summary: units (``12m 30s``, ``3.2 days``), labelled
+    columns, and utilization per cluster as well as pooled."""
+    d = res.doc
+    s = d["summary"]
+    slow = s["mean_bounded_slowdown"]
+    lines = [
+        f"{s['actions']} actions ({s['skipped']} skipped); makespan"
+        f" {human_duration(s['makespan'])}, mean wait {human_duration(s['mean_wait'])},"
+        f" mean bounded slowdown {'-' if slow is None else f'{slow:.1f}'}",
+        "",
+        f"{'QUEUE':<22}{'ADMITTED':>9}{'REJECTED':>9}{'PENDING':>8}{'WAIT P50':>10}"
+        f"{'WAIT P95':>10}{'WAIT MAX':>10}",
+    ]
+    for name, q in d["queues"].items():
+        lines.append(
+            f"{name:<22.22}{q['admitted']:>9}{q['rejected']:>9}{q['pending']:>8}"
+            f"{human_duration(q['wait_p50']):>10}{human_duration(q['wait_p95']):>10}"
+            f"{human_duration(q['wait_max']):>10}"
+        )
+    m = measure(sim_view("run", sc, res), float("inf"))
+    lines += ["", f"{'CLUSTER':<22}{'CPU USED':>10}{'GPU USED':>10}{'MEMORY USED':>12}"]
+    for c in sc.clusters:
+        u = m.mean_utilization.get(c.name, {})
+        lines.append(
+            f"{c.name:<22.22}{human_percent(u.get('cpu')):>10}{human_percent(u.get('gpu')):>10}"
+            f"{human_percent(u.get('memory')):>12}"
+        )
+    pooled = ", ".join(
+        f"{k} {human_percent(v)}" for k, v in d["utilization"].items() if v is not None
+    )
+    lines.append(f"all clusters, mean over the makespan: {pooled}")
+    if s["unknown_capacity_passes"]:
+        lines.append(
+            f"admissions onto clusters of unknown capacity: {s['unknown_capacity_passes']}"
+        )
+    return "\n".join(lines)

@@ -9,6 +9,8 @@ def human_duration(seconds: float | None) -> str:
     """``None`` -> ``-``; ``0.25`` -> ``250 ms``; ``750`` -> ``12m 30s``; ``3.2 days``."""
     if seconds is None:
         return "-"
+    if seconds == 0:
+        return "0s"
     sign = "-" if seconds < 0 else ""
     s = abs(seconds)
     if s < 1:

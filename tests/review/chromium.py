@@ -59,6 +59,8 @@ class Shown:
     and pixels of each run's colour in the screenshot."""
 
     charts: int
+    #: Pixels of any saturated colour: chart lines and bars (text and tables are grey).
+    coloured_pixels: int
     blue_pixels: int
     orange_pixels: int
 
@@ -75,14 +77,15 @@ def screenshot_shows_charts(html: Path, png: Path, *, two_runs: bool = True) -> 
         assert src.startswith("data:image/svg+xml;base64,"), (name, src)
     # Nothing is fetched at view time: no remote URL anywhere in the page.
     assert not re.search(r'(src|href)="(https?:)?//', dom)
-    blue, orange = _colour_pixels(png)
-    assert blue > 500, f"the charts' lines are not in the screenshot ({blue} blue pixels)"
+    coloured, blue, orange = _colour_pixels(png)
+    assert coloured > 2000, f"no chart is drawn in the screenshot ({coloured} coloured pixels)"
     if two_runs:
+        assert blue > 500, f"today's lines are not in the screenshot ({blue} blue pixels)"
         assert orange > 500, f"the proposal's lines are not in the screenshot ({orange})"
-    return Shown(len(figures), blue, orange)
+    return Shown(len(figures), coloured, blue, orange)
 
 
-def _colour_pixels(png: Path) -> tuple[int, int]:
+def _colour_pixels(png: Path) -> tuple[int, int, int]:
     import matplotlib.image as mpimg
     import numpy as np
 
@@ -94,4 +97,5 @@ def _colour_pixels(png: Path) -> tuple[int, int]:
     def near(c: tuple[int, int, int]) -> int:
         return int((np.abs(img - np.array(c)).sum(axis=-1) < 40).sum())
 
-    return near(BLUE), near(ORANGE)
+    saturated = int(((img.max(axis=-1) - img.min(axis=-1)) > 80).sum())
+    return saturated, near(BLUE), near(ORANGE)

@@ -3,13 +3,29 @@ pruned by age. SQLite, and PostgreSQL when HEADWAY_TEST_POSTGRES_URL is set."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 from headway.store import LeaseStore
 from headway.store.history import Finished, HistoryStore, history_retention, parse_duration
 
-# The fixtures: a store over both backends, and a fresh tenant (PostgreSQL's database is
-# shared by every test and every run).
-from .test_leases import store, tenant  # noqa: F401
+from .test_leases import BACKENDS, PG
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
+    url = f"sqlite:///{tmp_path / 'h.db'}" if request.param == "sqlite" else PG
+    s = LeaseStore(url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def tenant() -> str:
+    # PostgreSQL's database is shared by every test and every run.
+    return f"t{uuid.uuid4().hex[:10]}"
 
 
 def finished(aid: str, submitted: float, **kw: object) -> Finished:
@@ -30,7 +46,7 @@ def finished(aid: str, submitted: float, **kw: object) -> Finished:
 
 def test_an_action_is_recorded_once_and_the_first_end_stands(
     store: LeaseStore, tenant: str
-) -> None:  # noqa: F811
+) -> None:
     h = HistoryStore(store)
     assert h.record(tenant, finished("a", 100.0)) is True
     # A retried activity writes the same action again, even with other times: no second
@@ -44,7 +60,7 @@ def test_an_action_is_recorded_once_and_the_first_end_stands(
 
 def test_the_window_is_by_submission_time_in_submission_order(
     store: LeaseStore, tenant: str
-) -> None:  # noqa: F811
+) -> None:
     h = HistoryStore(store)
     for aid, at in (("late", 300.0), ("early", 100.0), ("middle", 200.0)):
         h.record(tenant, finished(aid, at))
@@ -54,7 +70,7 @@ def test_the_window_is_by_submission_time_in_submission_order(
     assert [r.action_id for r in h.window(tenant, 150.0, until=300.0)] == ["middle"]
 
 
-def test_rows_older_than_the_retention_are_pruned(store: LeaseStore, tenant: str) -> None:  # noqa: F811
+def test_rows_older_than_the_retention_are_pruned(store: LeaseStore, tenant: str) -> None:
     h = HistoryStore(store)
     h.record(tenant, finished("old", 0.0))  # ended at 11
     h.record(tenant, finished("new", 1000.0))  # ended at 1011
@@ -62,7 +78,7 @@ def test_rows_older_than_the_retention_are_pruned(store: LeaseStore, tenant: str
     assert [r.action_id for r in h.window(tenant, 0.0)] == ["new"]
 
 
-def test_an_unknown_outcome_is_refused(store: LeaseStore, tenant: str) -> None:  # noqa: F811
+def test_an_unknown_outcome_is_refused(store: LeaseStore, tenant: str) -> None:
     with pytest.raises(ValueError, match="outcome: 'exploded'"):
         HistoryStore(store).record(tenant, finished("a", 0.0, outcome="exploded"))
 
