@@ -214,3 +214,19 @@ def test_simulate_prints_units_and_writes_a_report_that_renders(tmp_path: Path) 
     assert "WAIT P50" in out
     shown = screenshot_shows_charts(report, tmp_path / "story.png", two_runs=False)
     assert shown.charts == 4
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("7 days", "'7 days' is not a duration"),
+        ("0", "'0' must be more than 0"),
+    ],
+    ids=["a-word-for-a-unit", "zero"],
+)
+def test_a_bad_history_retention_stops_the_worker_before_it_starts(
+    value: str, message: str
+) -> None:
+    code, out = run("worker", "control-plane", "--history-retention", value)
+    assert code == 2
+    assert "--history-retention" in out and message in out
