@@ -91,7 +91,7 @@ def _queue_table(rv: Review) -> str:
         f"<th>wait p50</th><th>wait p95</th><th>wait max</th><th>blocked behind gangs</th>"
         f"<th>{starved}</th></tr>"
     ]
-    for q in rv.views[0].queues:
+    for q in rv.busy_queues():
         for v, m in vm:
             qm = m.queues[q]
             rows.append(
@@ -192,7 +192,7 @@ def _colour(name: str) -> str:
 
 
 def _wait_cdf(rv: Review) -> Figure:
-    queues = rv.views[0].queues
+    queues = rv.busy_queues()
     allw = [w for m in rv.measures for q in m.queues.values() for w in q.waits]
     size, unit = _time_unit(max([*allw, 1.0]))
     rows, cols = _grid(len(queues))
@@ -210,7 +210,8 @@ def _wait_cdf(rv: Review) -> Figure:
         ax.set_ylabel("share of actions")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
+        if ax.lines:
+            ax.legend(loc="lower right", fontsize=8)
     _hide_rest(axes, len(queues), cols)
     fig.tight_layout()
     return fig
@@ -257,8 +258,8 @@ def _depth(rv: Review) -> Figure:
     for k, (v, m) in enumerate(vm):
         ax = axes[0][k]
         ts = [t / size for t in m.times]
-        for q, ys in m.depth.items():
-            ax.step(ts, ys, where="post", label=q, linewidth=1.2)
+        for q in rv.busy_queues():
+            ax.step(ts, m.depth[q], where="post", label=q, linewidth=1.2)
         ax.set_title(v.name)
         ax.set_xlabel(f"time ({unit})")
         ax.set_ylabel("actions waiting")

@@ -65,6 +65,11 @@ class Review:
     #: Lines said above everything else (the window, what was left out).
     notes: list[str] = field(default_factory=list)
 
+    def busy_queues(self) -> list[str]:
+        """The queues any view has actions in (a queue nothing used says nothing)."""
+        used = {a.queue for v in self.views for a in v.actions}
+        return [q for q in self.views[0].queues if q in used]
+
     def to_dict(self) -> dict[str, Any]:
         """The figures as JSON-ready data (``-o review.json``)."""
         return {
@@ -175,7 +180,7 @@ def summary(rv: Review, top: int = 5) -> str:
     head += f"{'WAIT MAX':>10}{'GANG-HELD':>10}  STARVED"
     out.append(head)
     shown = [(v, m) for v, m in zip(rv.views, rv.measures, strict=True) if v.name != "recorded"]
-    for q in rv.views[0].queues:
+    for q in rv.busy_queues():
         for i, (v, m) in enumerate(shown):
             qm = m.queues[q]
             out.append(

@@ -34,6 +34,7 @@ __all__ = [
     "HistoryStore",
     "history_retention",
     "parse_duration",
+    "row_values",
 ]
 
 #: How long a finished action is kept, unless ``HEADWAY_HISTORY_RETENTION`` says.
@@ -140,31 +141,13 @@ class HistoryStore:
         self.store = store
 
     def record(self, tenant: str, rec: Finished) -> bool:
-        """Write ``rec`` unless the action has a row already; whether this wrote it."""
-        if rec.outcome not in OUTCOMES:
-            raise ValueError(f"outcome: {rec.outcome!r} is not one of {', '.join(OUTCOMES)}")
-        values = {
-            "tenant": tenant,
-            "action_id": rec.action_id,
-            "queue": rec.queue,
-            "run": rec.run or rec.action_id,
-            "task": rec.task or rec.action_id,
-            "cluster": rec.cluster,
-            "submitted_at": rec.submitted_at,
-            "admitted_at": rec.admitted_at,
-            "ended_at": rec.ended_at,
-            "outcome": rec.outcome,
-            "reason": rec.reason or rec.outcome,
-            "reasons": json.dumps(list(rec.reasons)),
-            "kind": rec.kind,
-            "pod_count": len(rec.pods),
-            "pods": json.dumps(rec.pods, sort_keys=True),
-            "demand": json.dumps(rec.demand, sort_keys=True),
-            "estimate": rec.estimate,
-            "environment": rec.environment,
-        }
+        """Write ``rec`` unless the action has a row already; whether this wrote it.
+
+        (The control plane writes records in its group commits instead, as a ``record``
+        op of ``LeaseStore.apply`` with ``row_values``: same row, same idempotence.)
+        """
         with self.store._tx() as conn:
-            return self.store._insert_ignore(conn, FinishedRow, values)
+            return self.store._insert_ignore(conn, FinishedRow, row_values(tenant, rec))
 
     def window(self, tenant: str, since: float, until: float | None = None) -> list[Finished]:
         """The tenant's actions submitted at or after ``since`` (and before ``until``),
@@ -191,6 +174,36 @@ class HistoryStore:
         with self.store._tx() as conn:
             res = conn.execute(delete(FinishedRow).where(FinishedRow.ended_at < before))
             return int(res.rowcount or 0)
+
+
+def row_values(tenant: str, rec: Finished) -> dict[str, Any]:
+    """``rec`` as a row of ``headway_finished`` (every column).
+
+    Raises:
+        ValueError: an outcome that is not one of ``OUTCOMES``.
+    """
+    if rec.outcome not in OUTCOMES:
+        raise ValueError(f"outcome: {rec.outcome!r} is not one of {', '.join(OUTCOMES)}")
+    return {
+        "tenant": tenant,
+        "action_id": rec.action_id,
+        "queue": rec.queue,
+        "run": rec.run or rec.action_id,
+        "task": rec.task or rec.action_id,
+        "cluster": rec.cluster,
+        "submitted_at": rec.submitted_at,
+        "admitted_at": rec.admitted_at,
+        "ended_at": rec.ended_at,
+        "outcome": rec.outcome,
+        "reason": rec.reason or rec.outcome,
+        "reasons": json.dumps(list(rec.reasons)),
+        "kind": rec.kind,
+        "pod_count": len(rec.pods),
+        "pods": json.dumps(rec.pods, sort_keys=True),
+        "demand": json.dumps(rec.demand, sort_keys=True),
+        "estimate": rec.estimate,
+        "environment": rec.environment,
+    }
 
 
 def _from_row(r: Any) -> Finished:

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 from headway.store import LeaseStore
-from headway.store.history import Finished, HistoryStore, history_retention, parse_duration
+from headway.store.history import (
+    Finished,
+    HistoryStore,
+    history_retention,
+    parse_duration,
+    row_values,
+)
 
 from .test_leases import BACKENDS, PG
 
@@ -107,3 +113,31 @@ def test_a_bad_retention_is_an_error_naming_it(value: str, message: str) -> None
 
 def test_retention_forever_keeps_everything() -> None:
     assert history_retention("forever") is None
+
+
+@pytest.mark.parametrize("nowait", [False, True], ids=["in-a-thread", "on-the-event-loop"])
+def test_a_record_rides_the_group_commit_of_its_end_once(
+    store: LeaseStore, tenant: str, nowait: bool
+) -> None:
+    """The control plane writes the record as an op of the finish's group commit; the
+    same op again (a retried activity) writes nothing twice."""
+    store.put_lease(tenant, "a", "q", "wf-a", {"id": "a"}, 1.0)
+    row = row_values(tenant, finished("a", 1.0))
+    ops = [("finish", (tenant, "a", "finished")), ("record", (row,))]
+    for _ in range(2):
+        out = store.apply_nowait(ops) if nowait else None
+        if out is None:  # the event loop's path declines when it would wait: as the worker
+            store.apply(ops)
+    h = HistoryStore(store)
+    assert h.count(tenant) == 1
+    assert [r.action_id for r in h.window(tenant, 0.0)] == ["a"]
+
+
+def test_a_record_missing_a_column_is_refused_before_anything_is_written(
+    store: LeaseStore, tenant: str
+) -> None:
+    row = row_values(tenant, finished("a", 1.0))
+    del row["outcome"]
+    with pytest.raises(ValueError, match="record: missing outcome"):
+        store.apply([("record", (row,))])
+    assert HistoryStore(store).count(tenant) == 0
