@@ -3,7 +3,10 @@
 It brings up the embedded default (server, control plane, one simulated cluster worker per
 cluster of the bundled fleet) on a fresh data directory, creates two queues, submits a
 mixed workload that includes a multi-node gang, shows the backlog draining, and exits 0
-once every action has finished, with a per-queue wait summary.
+once every action has finished, with a per-queue wait summary. Then (``--no-story`` skips
+it) it tells the seed story live (``demo_story``): a backfill burst under a naive layout,
+the queue settings that fix it, both side by side from the record of what ran, and the
+review of the naive act written as ``review.html`` in the data directory.
 """
 
 from __future__ import annotations
