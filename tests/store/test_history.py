@@ -3,11 +3,15 @@ pruned by age. SQLite, and PostgreSQL when HEADWAY_TEST_POSTGRES_URL is set."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
+from headway.activities.store import StoreActivities
 from headway.store import LeaseStore
 from headway.store.history import (
     Finished,
@@ -16,6 +20,9 @@ from headway.store.history import (
     parse_duration,
     row_values,
 )
+from headway.workflows.shared import FinishLeaseInput
+from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
 
 from .test_leases import BACKENDS, PG
 
@@ -141,3 +148,25 @@ def test_a_record_missing_a_column_is_refused_before_anything_is_written(
     with pytest.raises(ValueError, match="record: missing outcome"):
         store.apply([("record", (row,))])
     assert HistoryStore(store).count(tenant) == 0
+
+
+async def test_the_worker_prunes_records_older_than_its_retention_as_it_records(
+    store: LeaseStore, tenant: str
+) -> None:
+    """``finish_lease`` (run as Temporal runs an activity) writes the record and deletes
+    the ones that ended before the retention period."""
+    h = HistoryStore(store)
+    now = time.time()
+    h.record(tenant, finished("last-month", now - 30 * 86400))
+    store.put_lease(tenant, "fresh", "q", "wf-fresh", {"id": "fresh"}, now)
+    # A pending lease's end deletes it and nudges no one: the client is never called.
+    acts = StoreActivities(store, cast(Client, None), history_retention_s=7 * 86400)
+    rec = finished("fresh", now - 20).to_dict()
+    await ActivityEnvironment().run(
+        acts.finish_lease, FinishLeaseInput(tenant, "fresh", "finished", record=rec)
+    )
+    for _ in range(100):  # the prune runs off the event loop
+        if h.count(tenant) == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert [r.action_id for r in h.window(tenant, 0.0)] == ["fresh"]
