@@ -417,15 +417,19 @@ class ActionWorkflow:
                 ) from err
             await self._cancel_running(req, dispatch, admission)
             raise asyncio.CancelledError() from err
+        # The record's outcome is the one known now; the result below is decided after
+        # the release, as it always was (a terminal event heard during the release still
+        # counts there, so recorded histories end the same way).
+        heard = self._terminal if self._terminal is not None and req.revision >= 3 else result
+        ok = heard.kind == ActionEventKind.SUCCEEDED
+        await self._release(
+            "finished", "succeeded" if ok else "failed", "Succeeded" if ok else heard.kind.value
+        )
         if self._terminal is not None and req.revision >= 3:
             # The first outcome heard stands: the attempt that saw the pods end signalled
             # it before deleting them; a retry (that attempt's worker killed before its
             # result reached Temporal) finds them gone and says PodLost (issue #20).
             result = self._terminal
-        ok = result.kind == ActionEventKind.SUCCEEDED
-        await self._release(
-            "finished", "succeeded" if ok else "failed", "Succeeded" if ok else result.kind.value
-        )
         if self._terminal is None or self._terminal.kind != result.kind:
             self.action_event(result)
         if result.kind == ActionEventKind.SUCCEEDED:
