@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +50,7 @@ from headway.scheduler.door import QueueDoor
 from headway.scheduler.model import ClusterSpec, QueueStatus, RateLimit
 from headway.store import DONE_CHANNEL, LeaseStore, Nudge, Put, queue_channel
 from headway.store.config import ConfigStore
+from headway.store.history import PRUNE_EVERY_S, Finished, HistoryStore, row_values
 from headway.workflows.shared import (
     CONFIG_ACTIVITY,
     CONFIG_HISTORY_ACTIVITY,
@@ -196,6 +198,7 @@ class StoreActivities:
         waiters: AdmissionWaiters | None = None,
         admit_wait_s: float | None = None,
         fairness: ShardFairness | None = None,
+        history_retention_s: float | None = None,
     ) -> None:
         """Activities over ``store``.
 
@@ -208,6 +211,8 @@ class StoreActivities:
                 None: as long as the action asks (``ADMIT_WAIT_S``), 0: not at all.
             fairness: told of every lease write and end (a shard's interactive work);
                 shared with the dispatch activity, which paces other shards meanwhile.
+            history_retention_s: how long the record of a finished action is kept
+                (``headway.store.history``); None: for ever.
         """
         self.store = store
         self.config = ConfigStore(store)
@@ -218,6 +223,10 @@ class StoreActivities:
             raise ValueError(f"admit_wait_s: {admit_wait_s!r} is not a number of seconds >= 0")
         self.admit_wait_s = admit_wait_s
         self.fairness = fairness
+        self.history = HistoryStore(store)
+        self.history_retention_s = history_retention_s
+        self._pruned_at: float | None = None
+        self._pruning: asyncio.Task[int] | None = None
         self._commit = _GroupCommit(store)
         # Per tenant: nudges started so far; the lazy nudge pending (if any), and the
         # count at the latest end it stands for.
@@ -375,12 +384,33 @@ class StoreActivities:
             raise ValueError(f"kind: {inp.kind!r} is not one of finished, cancelled, rejected")
         if self.fairness is not None:
             self.fairness.touch(inp.tenant)
-        must = await self._commit.submit("finish", (inp.tenant, inp.action_id, inp.kind))
+        finish = self._commit.submit("finish", (inp.tenant, inp.action_id, inp.kind))
+        if inp.record is None:
+            must = await finish
+        else:
+            # The record of what ran goes in the same group commit as the end (one more
+            # insert in a transaction that commits anyway). A failure fails both, and the
+            # retried activity writes both again: the finish is idempotent, the record
+            # keyed by tenant and action (the first written stands).
+            row = row_values(inp.tenant, Finished.from_dict(inp.record))
+            must, _ = await asyncio.gather(finish, self._commit.submit("record", (row,)))
+            self._prune_now_and_then()
         if must is Nudge.NOW:
             await self.nudge(inp.tenant, DONE_CHANNEL)
         elif must is Nudge.SOON:
             self._nudge_soon(inp.tenant)
         return must is not Nudge.NONE
+
+    def _prune_now_and_then(self) -> None:
+        """Delete expired records, at most every ``PRUNE_EVERY_S``, off the event loop."""
+        keep = self.history_retention_s
+        now = time.monotonic()
+        if keep is None or (self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY_S):
+            return
+        self._pruned_at = now
+        task = asyncio.create_task(asyncio.to_thread(self.history.prune, time.time() - keep))
+        self._pruning = task  # kept referenced until it is done
+        task.add_done_callback(_log_prune_failure)
 
     def _nudge_soon(self, tenant: str) -> None:
         """A ``done`` nudge within ``LAZY_END_NUDGE_S``, unless another goes out first."""
@@ -429,3 +459,9 @@ class StoreActivities:
             )
         )
         return SyncOutput(leases=r.leases, done=r.done, more=r.more, more_done=r.more_done)
+
+
+def _log_prune_failure(task: asyncio.Task[int]) -> None:
+    # The next prune deletes what this one did not; the records themselves are written.
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("pruning the record of finished actions failed", exc_info=task.exception())

@@ -3,7 +3,10 @@
 It brings up the embedded default (server, control plane, one simulated cluster worker per
 cluster of the bundled fleet) on a fresh data directory, creates two queues, submits a
 mixed workload that includes a multi-node gang, shows the backlog draining, and exits 0
-once every action has finished, with a per-queue wait summary.
+once every action has finished, with a per-queue wait summary. Then (``--no-story`` skips
+it) it tells the seed story live (``demo_story``): a backfill burst under a naive layout,
+the queue settings that fix it, both side by side from the record of what ran, and the
+review of the naive act written as ``review.html`` in the data directory.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import click
 from headway.sdk.client import Action, Resources, Task
 from headway.sdk.client import Client as HeadwayClient
 
-from ._common import load_fleet, settings
+from ._common import default_database_url, load_fleet, settings
 from ._specs import queue_from_entry
 from ._stack import Stack, running_stack, wait_ready
 
@@ -101,6 +104,13 @@ WORKLOAD = [
 @click.option(
     "--hold", is_flag=True, help="Keep everything running after the summary, until Ctrl-C."
 )
+@click.option(
+    "--story/--no-story",
+    default=True,
+    show_default=True,
+    help="Then tell the seed story live: a backfill burst under a naive layout, then the"
+    " queue settings that fix it, and the review of it (an HTML report).",
+)
 @click.pass_context
 def demo(
     ctx: click.Context,
@@ -109,6 +119,7 @@ def demo(
     ui_port: int,
     timeout_s: float,
     hold: bool,
+    story: bool,
 ) -> None:
     """Run the end-to-end demo on a real Temporal server; exit 0 when all work is done."""
     from rich.console import Console
@@ -128,12 +139,25 @@ def demo(
     try:
         console.print(f"[bold]Headway demo[/] (state in {directory})")
         console.print("Starting Temporal, the control plane and 3 simulated cluster workers...")
-        with running_stack(directory, port=port, ui_port=ui_port, tenant=cfg.tenant) as stack:
+        # The store in the data directory, as `headway up --data-dir` reads it again.
+        database_url = default_database_url(directory)
+        with running_stack(
+            directory, port=port, ui_port=ui_port, tenant=cfg.tenant, database_url=database_url
+        ) as stack:
             asyncio.run(wait_ready(stack, fleet, tenant=cfg.tenant, namespace=cfg.namespace))
             console.print(
                 f"Up. Temporal Web UI: {stack.ui_url}/namespaces/{cfg.namespace}/workflows"
             )
             ok = asyncio.run(_scenario(stack, cfg.namespace, cfg.tenant, console, timeout_s))
+            if ok and story:
+                from .demo_story import run_story
+
+                report = directory / "review.html"
+                ok = asyncio.run(
+                    run_story(
+                        stack, database_url, report, cfg.namespace, cfg.tenant, console, timeout_s
+                    )
+                )
             if hold and ok:
                 console.print("Everything keeps running; Ctrl-C stops it.")
                 while True:

@@ -16,6 +16,7 @@ from ._groups import create, delete, describe, drain, get, resume, update
 from .actions import cancel
 from .completion import completion
 from .insight import forecast, what_if
+from .review import export, review
 from .server import server
 from .submit import submit, why
 from .top import top
@@ -94,6 +95,8 @@ for command in (
     forecast,
     what_if,
     completion,
+    export,
+    review,
 ):
     cli.add_command(command)
 

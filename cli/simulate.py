@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 from headway.scheduler.scenario import ScenarioError, load_scenario
-from headway.scheduler.simulator import SwfError, load_swf, render_json, summary_text
+from headway.scheduler.simulator import SwfError, load_swf, render_json
 from headway.scheduler.simulator import simulate as run_sim
 
 __all__ = ["simulate"]
@@ -42,6 +42,17 @@ __all__ = ["simulate"]
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed (the run is deterministic)."
 )
+@click.option(
+    "--report",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the report: one self-contained HTML file with charts (as `headway review`).",
+)
+@click.option(
+    "--starved",
+    default="10m",
+    show_default=True,
+    help="With --report: a wait longer than this counts as starved.",
+)
 def simulate(
     scenario: Path | None,
     swf: Path | None,
@@ -49,6 +60,8 @@ def simulate(
     estimates: str,
     output: Path | None,
     seed: int,
+    report: Path | None,
+    starved: str,
 ) -> None:
     """Run SCENARIO.yaml (or an SWF trace) through the scheduler core on a simulated clock.
 
@@ -72,10 +85,25 @@ def simulate(
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     res = run_sim(sc, seed=seed, skipped=skipped)
-    click.echo(summary_text(res))
+    from headway.review.review import simulate_summary
+
+    click.echo(simulate_summary(sc, res))
     if output is not None:
         output.write_text(render_json(res))
         click.echo(f"result written to {output}")
+    if report is not None:
+        from headway.review.review import scenario_review
+        from headway.store.history import parse_duration
+
+        from .review import write_report
+
+        try:
+            starved_s = parse_duration(starved, "--starved")
+        except ValueError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        name = (scenario or swf or Path("scenario")).name
+        write_report(scenario_review(name, sc, res, starved_after=starved_s), report)
 
 
 def _read(p: Path) -> str:

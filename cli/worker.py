@@ -96,6 +96,14 @@ _fleet_option = click.option(
     " writing or ending leases on this worker, so a shard draining a backlog does not slow"
     " another's small runs (0: no pacing). [env HEADWAY_CONTENDED_RATE]",
 )
+@click.option(
+    "--history-retention",
+    envvar="HEADWAY_HISTORY_RETENTION",
+    default="30d",
+    show_default=True,
+    help="How long the record of a finished action is kept for `headway export workload`"
+    " and `headway review` (7d, 12h, or forever). [env HEADWAY_HISTORY_RETENTION]",
+)
 @click.pass_context
 def control_plane(
     ctx: click.Context,
@@ -103,8 +111,17 @@ def control_plane(
     database_url: str | None,
     admit_wait_s: float | None,
     contended_rate: float,
+    history_retention: str,
 ) -> None:
     """The control plane: shard schedulers, action workflows and their activities."""
+    from headway.store.history import history_retention as parse_retention
+
+    try:
+        parse_retention(history_retention)
+    except ValueError as exc:
+        raise click.BadParameter(
+            str(exc).split(": ", 1)[-1], param_hint="--history-retention"
+        ) from None
     cfg = settings(ctx)
     fleet = load_fleet(fleet_path)
     from headway import telemetry
@@ -135,6 +152,7 @@ def control_plane(
                 seed_queues=[q.to_dict() for q in fleet.queues],
                 seed_tenant=cfg.tenant,
                 on_ready=ready,
+                history_retention=history_retention,
             )
         finally:
             stop.set()

@@ -75,7 +75,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.pool import StaticPool
 
 from . import migrations
-from .models import AdmissionRow, Base, DoorRow, LeaseRow, ShardFlag, SyncRow
+from .models import AdmissionRow, Base, DoorRow, FinishedRow, LeaseRow, ShardFlag, SyncRow
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -98,6 +98,8 @@ DEFAULT_DATABASE_URL = "sqlite:///.headway/headway.db"
 NOWAIT_CHECKPOINT_PAGES = 10_000
 #: The columns a new lease row is written with (``_put_lease``).
 _LEASE_COLUMNS = ("tenant", "action_id", "queue", "workflow_id", "spec", "submitted_at", "status")
+#: The columns of a finished action's record (``headway.store.history``).
+FINISHED_COLUMNS = tuple(c.name for c in cast(Table, FinishedRow.__table__).columns)
 DONE_CHANNEL = "done"
 #: Set by the scheduler while work waits that an end could unblock (see module doc).
 WANTS_ENDS_CHANNEL = "wants-ends"
@@ -215,9 +217,12 @@ class _Prepared:
         self.held = select(func.count()).select_from(held)
         self.lease_insert: Any = None
         self.flip: Any = None
+        self.finished_insert: Any = None
         if dialect in ("sqlite", "postgresql"):
             ins: Any = sqlite.insert if dialect == "sqlite" else postgresql.insert
             self.lease_insert = ins(leases).on_conflict_do_nothing().returning(leases.c.id)
+            # The record of a finished action: the first end written stands.
+            self.finished_insert = ins(cast(Table, FinishedRow.__table__)).on_conflict_do_nothing()
             # Insert the flag set, or set it only where it was clear: a row comes back
             # exactly when the flag went from absent or clear to set.
             self.flip = (
@@ -405,6 +410,7 @@ class _Prepared:
                 (self.done_claim, None),
                 (self.admission_delete, None),
                 (self.lease_delete, None),
+                (self.finished_insert, list(FINISHED_COLUMNS)),
             ]
             for stmt, keys in hot:
                 compiled = stmt.compile(dialect=named, column_keys=keys)
@@ -749,9 +755,12 @@ class LeaseStore:
     def apply(self, ops: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Nudge | Put]:
         """Several ``put_lease`` / ``finish_lease`` calls in one transaction (group commit).
 
-        ``ops`` are ``("put", put_lease args)`` or ``("finish", finish_lease args)``;
-        results are what the calls would return one after another, in order (a put's
-        ``Put``, a finish's ``Nudge``); the door decides the puts in their order.
+        ``ops`` are ``("put", put_lease args)``, ``("finish", finish_lease args)`` or
+        ``("record", (values,))`` (a finished action's record, ``headway.store.history``:
+        one row of ``FINISHED_COLUMNS``, written unless the action has one); results are
+        what the calls would return one after another, in order (a put's ``Put``, a
+        finish's ``Nudge``, a record's ``Nudge.NONE``); the door decides the puts in their
+        order.
         """
         _check_ops(ops)
         with self._tx() as conn:
@@ -831,12 +840,25 @@ class LeaseStore:
         # per tenant (nothing in a batch writes it).
         flips: set[tuple[str, str]] = set()
         busy: dict[str, bool] = {}
-        return [
-            self._put_lease(hot, *args, flips=flips, busy=busy)
-            if kind == "put"
-            else self._finish_lease(hot, *args, flips=flips)
-            for kind, args in ops
-        ]
+        out: list[Nudge | Put] = []
+        for kind, args in ops:
+            if kind == "put":
+                out.append(self._put_lease(hot, *args, flips=flips, busy=busy))
+            elif kind == "finish":
+                out.append(self._finish_lease(hot, *args, flips=flips))
+            else:
+                self._record_finished(hot, *args)
+                out.append(Nudge.NONE)
+        return out
+
+    def _record_finished(self, conn: Connection | _DBAPIConn, values: Mapping[str, Any]) -> None:
+        """Insert a finished action's record (``headway.store.history``) unless its
+        tenant and action id have one."""
+        if self._prep.finished_insert is None:  # pragma: no cover - other dialects
+            if isinstance(conn, Connection):
+                self._insert_ignore(conn, FinishedRow, dict(values))
+            return
+        conn.execute(self._prep.finished_insert, values)
 
     def put_many(
         self,
@@ -1182,8 +1204,9 @@ class LeaseStore:
         for kind, args in ops:
             if kind == "put":
                 keys.add((args[0], queue_channel(args[2])))
-            elif args[2] != "rejected":
+            elif kind == "finish" and args[2] != "rejected":
                 keys.add((args[0], DONE_CHANNEL))
+            # A record writes no flag.
         ordered = sorted(keys)
         for t, c in ordered:
             conn.execute(self._prep.ensure_flags, {"t": t, "c": c})
@@ -1276,8 +1299,12 @@ def _check_ops(ops: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
     for kind, args in ops:
         if kind == "finish":
             _check_kind(args[2])
+        elif kind == "record":
+            missing = set(FINISHED_COLUMNS) - set(args[0])
+            if missing:
+                raise ValueError(f"record: missing {', '.join(sorted(missing))}")
         elif kind != "put":
-            raise ValueError(f"op: {kind!r} is not put or finish")
+            raise ValueError(f"op: {kind!r} is not put, finish or record")
 
 
 def _check_kind(kind: str) -> None:

@@ -35,6 +35,14 @@ windows:
   with its door settings; read back by a scheduler that starts afresh
   (``headway.store.config``).
 
+* ``headway_finished``: the record of what ran (issue #28): one row per action that
+  ended after its lease was written (succeeded, failed, cancelled, or rejected by the
+  scheduler), with its submit, admission and end times, queue, run, task, demand,
+  cluster, reasons and outcome. Written once by the action's ``finish_lease`` (keyed by
+  tenant and action id, so a retry writes nothing twice), kept for a retention period
+  and read back by ``headway export workload`` and ``headway review``
+  (``headway.store.history``).
+
 The schema changes through migrations only (``headway.store.migrations``, Alembic): a
 change here comes with a new revision there.
 """
@@ -50,6 +58,7 @@ __all__ = [
     "Base",
     "ConfigRow",
     "DoorRow",
+    "FinishedRow",
     "LeaseRow",
     "ShardFlag",
     "SyncRow",
@@ -195,3 +204,40 @@ class AuditRow(Base):
     old: Mapped[str | None] = mapped_column(Text, nullable=True)
     new: Mapped[str | None] = mapped_column(Text, nullable=True)
     token: Mapped[str] = mapped_column(String(200))
+
+
+class FinishedRow(Base):
+    """One finished action, as it ran (see ``headway.store.history``).
+
+    Times are the action workflow's clock (seconds since the epoch): ``submitted_at``
+    when its lease was written (the scheduler's submit time), ``admitted_at`` when its
+    admission reached it (None: it never ran), ``ended_at`` when it released its
+    reservation. ``demand`` is the request as declared (scenario notation), ``pods`` the
+    demand per pod as the core computed it (``Pod.to_dict()`` each).
+    """
+
+    __tablename__ = "headway_finished"
+    __table_args__ = (
+        # The window scans of export and review, and retention's delete, by end time.
+        Index("ix_headway_finished_ended", "tenant", "ended_at"),
+        Index("ix_headway_finished_age", "ended_at"),
+    )
+
+    tenant: Mapped[str] = mapped_column(String(200), primary_key=True)
+    action_id: Mapped[str] = mapped_column(String(400), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(200))
+    run: Mapped[str] = mapped_column(String(400))
+    task: Mapped[str] = mapped_column(String(400))
+    cluster: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    submitted_at: Mapped[float] = mapped_column(Float)
+    admitted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ended_at: Mapped[float] = mapped_column(Float)
+    outcome: Mapped[str] = mapped_column(String(16))  # succeeded|failed|cancelled|rejected
+    reason: Mapped[str] = mapped_column(String(200))  # e.g. Succeeded, OOMKilled
+    reasons: Mapped[str] = mapped_column(Text)  # JSON list: what it waited for
+    kind: Mapped[str] = mapped_column(String(16))  # single | replicas | ray | spark
+    pod_count: Mapped[int] = mapped_column(Integer)
+    pods: Mapped[str] = mapped_column(Text)  # JSON list of Pod.to_dict()
+    demand: Mapped[str] = mapped_column(Text)  # JSON: the declared DemandRequest
+    estimate: Mapped[float | None] = mapped_column(Float, nullable=True)
+    environment: Mapped[str | None] = mapped_column(String(200), nullable=True)

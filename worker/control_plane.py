@@ -19,6 +19,7 @@ from headway.activities.store import AdmissionWaiters, StoreActivities
 from headway.scheduler.model import ClusterSpec
 from headway.store import LeaseStore
 from headway.store.config import ConfigStore
+from headway.store.history import history_retention as parse_retention
 from headway.worker import sdk_fastpath
 from headway.workflows.action import ActionWorkflow
 from headway.workflows.config import ConfigHistoryWorkflow
@@ -66,6 +67,7 @@ def build_control_plane_worker(
     task_queue: str = protocol.CONTROL_TASK_QUEUE,
     admit_wait_s: float | None = None,
     contended_rate: float = DEFAULT_CONTENDED_RATE,
+    history_retention: str | None = None,
 ) -> Worker:
     """A Worker (not yet running) with the workflows and activities of the control plane.
 
@@ -80,6 +82,9 @@ def build_control_plane_worker(
         contended_rate: admission signals per second a shard may send while another
             shard has interactive work on this worker; 0 turns the pacing off. See
             ``headway.activities.fairness``.
+        history_retention: how long finished actions are kept in the record
+            (``headway.store.history``): ``30d``, ``12h`` or ``forever``; None:
+            ``$HEADWAY_HISTORY_RETENTION``, else 30 days.
 
     Building one installs :mod:`headway.worker.sdk_fastpath` for the process.
     """
@@ -89,7 +94,13 @@ def build_control_plane_worker(
     waiters = AdmissionWaiters(limit=WORKER_TUNING["max_concurrent_workflow_tasks"] // 2)
     fairness = ShardFairness(contended_rate)
     store_acts = StoreActivities(
-        store, client, fleet, waiters, admit_wait_s=admit_wait_s, fairness=fairness
+        store,
+        client,
+        fleet,
+        waiters,
+        admit_wait_s=admit_wait_s,
+        fairness=fairness,
+        history_retention_s=parse_retention(history_retention),
     )
     dispatch = DispatchActivities(client, store=store, waiters=waiters, fairness=fairness)
     return Worker(
@@ -122,6 +133,7 @@ async def run_control_plane_worker(
     seed_queues: Sequence[Mapping[str, Any]] = (),
     seed_tenant: str = protocol.DEFAULT_TENANT,
     on_ready: Callable[[list[str]], None] | None = None,
+    history_retention: str | None = None,
 ) -> None:
     """Run the control-plane worker until ``stop`` is set (or forever).
 
@@ -142,7 +154,12 @@ async def run_control_plane_worker(
     """
     store = LeaseStore(database_url)
     worker = build_control_plane_worker(
-        client, store, fleet or [], admit_wait_s=admit_wait_s, contended_rate=contended_rate
+        client,
+        store,
+        fleet or [],
+        admit_wait_s=admit_wait_s,
+        contended_rate=contended_rate,
+        history_retention=history_retention,
     )
     try:
         async with worker:

@@ -195,6 +195,7 @@ class ActionWorkflow:
 
     def __init__(self) -> None:
         self._req: SubmitRequest | None = None
+        self._spec: ActionSpec | None = None
         self._status = ActionStatus("", "", "", "submitting")
         self._admission: Admission | None = None
         self._rejection: Rejection | None = None
@@ -306,6 +307,7 @@ class ActionWorkflow:
             environment=req.environment,
             kind=kind,
         )
+        self._spec = spec
         lease = PutLeaseInput(
             tenant=req.tenant,
             action_id=req.action_id,
@@ -355,11 +357,11 @@ class ActionWorkflow:
                 lambda: self._admission is not None or self._rejection is not None
             )
         except asyncio.CancelledError:
-            await self._release("cancelled")
+            await self._release("cancelled", "cancelled", "Cancelled")
             self._end("cancelled", "Cancelled")
             raise
         if self._rejection is not None:
-            await self._release("rejected")
+            await self._release("rejected", "rejected", self._rejection.reason)
             return self._end_rejected(self._rejection.reason, self._rejection.message)
         admission = self._admission
         assert admission is not None
@@ -407,7 +409,7 @@ class ActionWorkflow:
                 isinstance(err, ActivityError) and isinstance(err.cause, CancelledError)
             )
             if not cancelled:
-                await self._release("finished")
+                await self._release("finished", "failed", "ClusterError")
                 msg = str(err.cause or err) if isinstance(err, ActivityError) else str(err)
                 res = self._end("failed", "ClusterError", message=msg)
                 raise ApplicationError(
@@ -415,7 +417,14 @@ class ActionWorkflow:
                 ) from err
             await self._cancel_running(req, dispatch, admission)
             raise asyncio.CancelledError() from err
-        await self._release("finished")
+        # The record's outcome is the one known now; the result below is decided after
+        # the release, as it always was (a terminal event heard during the release still
+        # counts there, so recorded histories end the same way).
+        heard = self._terminal if self._terminal is not None and req.revision >= 3 else result
+        ok = heard.kind == ActionEventKind.SUCCEEDED
+        await self._release(
+            "finished", "succeeded" if ok else "failed", "Succeeded" if ok else heard.kind.value
+        )
         if self._terminal is not None and req.revision >= 3:
             # The first outcome heard stands: the attempt that saw the pods end signalled
             # it before deleting them; a retry (that attempt's worker killed before its
@@ -458,19 +467,50 @@ class ActionWorkflow:
             # Still cancelled: the run activity's own cancellation deleted the pods;
             # this was the belt to its braces.
             workflow.logger.warning("delete of %s failed: %s", req.action_id, err)
-        await self._release("finished")
+        await self._release("finished", "cancelled", "Cancelled")
         self._end("cancelled", "Cancelled")
 
     # --- helpers ------------------------------------------------------------------
 
-    async def _release(self, kind: str) -> None:
+    async def _release(self, kind: str, outcome: str, reason: str) -> None:
         assert self._req is not None
+        # The record of what ran travels with the release (the same local activity, no
+        # new command), so it is written once per action and replays as before.
         await workflow.execute_local_activity(
             FINISH_LEASE_ACTIVITY,
-            FinishLeaseInput(tenant=self._req.tenant, action_id=self._req.action_id, kind=kind),
+            FinishLeaseInput(
+                tenant=self._req.tenant,
+                action_id=self._req.action_id,
+                kind=kind,
+                record=self._record(outcome, reason),
+            ),
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
         )
+
+    def _record(self, outcome: str, reason: str) -> dict[str, Any] | None:
+        """The action as it ran (``headway.store.history.Finished`` as a dict)."""
+        req, spec, st = self._req, self._spec, self._status
+        if req is None or spec is None:
+            return None
+        return {
+            "action_id": req.action_id,
+            "queue": req.queue,
+            "run": req.run,
+            "task": req.task,
+            "cluster": st.cluster,
+            "submitted_at": st.submitted_at,
+            "admitted_at": st.admitted_at,
+            "ended_at": workflow.now().timestamp(),
+            "outcome": outcome,
+            "reason": reason,
+            "reasons": list(st.reasons),
+            "kind": spec.kind.value,
+            "pods": [p.to_dict() for p in spec.pods],
+            "demand": {k: v for k, v in asdict(req.demand).items() if v is not None},
+            "estimate": req.estimate_s,
+            "environment": req.environment,
+        }
 
     def _end(
         self,

@@ -145,6 +145,9 @@ class FinishLeaseInput:
     tenant: str
     action_id: str
     kind: str  # "finished" | "cancelled" | "rejected"
+    #: What ran, for the record of finished actions (``headway.store.history.Finished``
+    #: as a dict); None from workflows recorded before the record existed.
+    record: dict[str, Any] | None = None
 
 
 @dataclass

@@ -12,6 +12,7 @@ revisions are in ``versions/``:
 * ``r0003``: sync answers (``headway_syncs``), so a retried sync answers as its first try.
 * ``r0004``: configuration (``headway_tenants``, ``headway_configs``) and its audit trail
   (``headway_config_audit``).
+* ``r0005``: the record of what ran (``headway_finished``), for export and review.
 
 A schema change is a new revision here (``alembic revision -m ...`` with this directory
 as ``script_location``, or a file written by hand) and the matching change of

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from headway.cli._common import free_port
 from headway.cli.demo import WORKLOAD
+from headway.store import LeaseStore
+from headway.store.history import HistoryStore
 
 pytestmark = pytest.mark.integration
 
@@ -39,3 +41,25 @@ def test_demo_finishes_every_action(tmp_path: Path):
     assert "Per-queue waits" in out and "production" in out and "backfill" in out
     assert out.count("/namespaces/default/workflows/headway-action-default-") == total
     assert "Stopped." in out
+    # The seed story, live: under the naive layout production waits for the backfill
+    # burst; under the fix it starts at once. The record says so, and the review of the
+    # naive act is written as a report.
+    assert "The seed story, live" in out
+    report = tmp_path / "review.html"
+    assert f"Review report: {report}" in " ".join(out.split()) and report.exists()
+    store = LeaseStore(f"sqlite:///{tmp_path / 'headway.db'}")
+    try:
+        rows = HistoryStore(store).window("default", 0.0)
+    finally:
+        store.close()
+
+    def production_waits(act: str) -> list[float]:
+        return [
+            r.wait
+            for r in rows
+            if r.run.startswith(f"story-{act}-") and r.queue == "production" and r.wait is not None
+        ]
+
+    naive, fixed = production_waits("naive"), production_waits("fixed")
+    assert len(naive) == len(fixed) == 2
+    assert min(naive) > max(fixed)

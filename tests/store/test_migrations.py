@@ -65,7 +65,7 @@ def tables(url: str) -> set[str]:
 def test_a_new_database_is_made_at_the_newest_revision(empty_url: str) -> None:
     s = LeaseStore(empty_url)
     try:
-        assert migrations.current(s.engine) == migrations.head() == "r0004"
+        assert migrations.current(s.engine) == migrations.head() == "r0005"
     finally:
         s.close()
     assert tables(empty_url) == {
@@ -77,6 +77,7 @@ def test_a_new_database_is_made_at_the_newest_revision(empty_url: str) -> None:
         "headway_tenants",
         "headway_configs",
         "headway_config_audit",
+        "headway_finished",
         migrations.VERSION_TABLE,
     }
 
@@ -145,7 +146,7 @@ def test_a_sqlite_file_of_the_r0003_schema_upgrades_and_keeps_its_rows(tmp_path:
         engine.dispose()
     s = LeaseStore(f"sqlite:///{path}")
     try:
-        assert migrations.current(s.engine) == "r0004"
+        assert migrations.current(s.engine) == migrations.head()
         assert s.lease_count("old") == 1 and s.pending_count("old", "q") == 1
         assert s.door("old")["q"]["depth"] == 10
         config = ConfigStore(s)
@@ -199,7 +200,12 @@ def test_an_index_added_since_a_database_was_made_is_created_on_open(empty_url: 
         conn.exec_driver_sql(f"DROP TABLE {migrations.VERSION_TABLE}")
         conn.exec_driver_sql("DROP TABLE headway_doors")
         conn.exec_driver_sql("DROP TABLE headway_syncs")
-        for table in ("headway_config_audit", "headway_configs", "headway_tenants"):
+        for table in (
+            "headway_config_audit",
+            "headway_configs",
+            "headway_tenants",
+            "headway_finished",
+        ):
             conn.exec_driver_sql(f"DROP TABLE {table}")
         conn.exec_driver_sql("DROP INDEX ix_headway_leases_held")
     s.close()
