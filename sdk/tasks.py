@@ -649,26 +649,11 @@ def _value_of(res: ActionResult, req: SubmitRequest) -> Any:
     )
 
 
-async def _submit_retrying(client: Any, req: SubmitRequest) -> Any:
-    """``submit_action``, again with the same id when the server lost track of its own
-    answer: a loaded server whose start outlived the client's deadline answers the
-    client's retry "not started: StartDeduped" although it started the workflow; the
-    same submission again finds that action (submission is idempotent by id)."""
+async def _submit(client: Any, req: SubmitRequest) -> Any:
+    """``submit_action`` (retried there on the server's transient answers)."""
     from headway.workflows import client as hw
-    from temporalio.service import RPCError, RPCStatusCode
 
-    for attempt in range(6):
-        try:
-            return await hw.submit_action(client, req)
-        except RPCError as err:
-            transient = "StartDeduped" in str(err) or err.status in (
-                RPCStatusCode.DEADLINE_EXCEEDED,
-                RPCStatusCode.UNAVAILABLE,
-            )
-            if not transient or attempt == 5:
-                raise
-            await asyncio.sleep(0.2 * 2**attempt)
-    raise AssertionError("unreachable")
+    return await hw.submit_action(client, req)
 
 
 class Run:
@@ -747,7 +732,7 @@ class Run:
             labels={"headway.io/parent": parent} if parent else {},
         )
         client = await ENGINE.client(conn)
-        sub = await _submit_retrying(client, req)
+        sub = await _submit(client, req)
         answer = sub.answer
         if answer is not None and not answer.accepted:
             raise rejection(

@@ -194,6 +194,26 @@ async def submit_action(client: Client, req: SubmitRequest) -> Submission:
     """
     if req.revision == 0:
         req = dataclasses.replace(req, revision=protocol.ACTION_REVISION)
+    for attempt in range(6):
+        try:
+            return await _submit_once(client, req)
+        except RPCError as err:
+            # Lost track of its own answer: a loaded server whose start outlived the
+            # client's deadline answers the client's own retry "not started:
+            # StartDeduped" although it started the workflow. Submission is idempotent by
+            # id: the same submission again finds that action.
+            transient = "StartDeduped" in str(err) or err.status in (
+                RPCStatusCode.DEADLINE_EXCEEDED,
+                RPCStatusCode.UNAVAILABLE,
+            )
+            if not transient or attempt == 5:
+                raise
+            await asyncio.sleep(0.2 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+async def _submit_once(client: Client, req: SubmitRequest) -> Submission:
+    """One try of :func:`submit_action`."""
     sa, memo = start_attributes(req)
     workflow_id = protocol.action_workflow_id(req.tenant, req.action_id)
     reuse = WorkflowIDReusePolicy.REJECT_DUPLICATE
