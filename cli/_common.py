@@ -46,6 +46,8 @@ class Settings:
     address: str = DEFAULT_ADDRESS
     namespace: str = protocol.DEFAULT_NAMESPACE
     tenant: str = protocol.DEFAULT_TENANT
+    #: The Temporal Web UI's base URL for links (None: ``$HEADWAY_UI_URL`` or derived).
+    ui_url: str | None = None
 
 
 def settings(ctx: click.Context) -> Settings:
@@ -223,9 +225,9 @@ def _clip(value: str) -> str:
 
 
 def ui_url(cfg: Settings) -> str:
-    """The Temporal Web UI: ``$HEADWAY_UI_URL``, else the dev server's default beside
+    """The Temporal Web UI: ``--ui-url`` / ``$HEADWAY_UI_URL``, else the dev server's default beside
     ``--address`` (its UI listens on the gRPC port + 1000 unless told otherwise)."""
-    explicit = os.environ.get(UI_URL_ENV)
+    explicit = cfg.ui_url or os.environ.get(UI_URL_ENV)
     if explicit:
         return explicit.rstrip("/")
     host, _, port = cfg.address.rpartition(":")
@@ -325,4 +327,15 @@ def fleet_cluster(fleet: Fleet, name: str) -> ClusterSpec:
             return c
     raise click.ClickException(
         f"--name: {name!r} is not a cluster of the fleet (one of {', '.join(cluster_names(fleet))})"
+    )
+
+
+def ui_hint(port: int, ui_port: int) -> str | None:
+    """What to tell other commands when the Web UI is not on the port they assume
+    (the gRPC port + 1000): the setting that makes their links right."""
+    if ui_port == port + 1000:
+        return None
+    return (
+        f"  links:    other commands assume the Web UI on port {port + 1000}; give them "
+        f"--ui-url http://localhost:{ui_port} (or export {UI_URL_ENV}=http://localhost:{ui_port})"
     )

@@ -11,7 +11,7 @@ from headway import __version__, protocol
 
 # clusters and queues add their commands to the verb groups when imported.
 from . import clusters, queues  # noqa: F401
-from ._common import ADDRESS_ENV, DEFAULT_ADDRESS, Settings, check_name
+from ._common import ADDRESS_ENV, DEFAULT_ADDRESS, UI_URL_ENV, Settings, check_name
 from ._groups import create, delete, describe, drain, get, resume, update
 from .actions import cancel
 from .completion import completion
@@ -38,6 +38,14 @@ Exit codes:
 \b
 Reads take -o table|wide|json|yaml (--json is -o json); quantities are in
 Kubernetes units (500m, 64Gi). Completion: headway completion bash|zsh|fish."""
+
+
+def _check_ui_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None or value == "":
+        return None
+    if not value.startswith(("http://", "https://")) or len(value) < 10:
+        raise click.UsageError(f"--ui-url: {value!r} is not an http(s) URL", ctx)
+    return value.rstrip("/")
 
 
 def _check_tenant(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -69,12 +77,20 @@ def _check_tenant(ctx: click.Context, param: click.Parameter, value: str) -> str
     callback=_check_tenant,
     help="Headway tenant (shard).",
 )
+@click.option(
+    "--ui-url",
+    envvar=UI_URL_ENV,
+    default=None,
+    callback=_check_ui_url,
+    help="Temporal Web UI base URL for links (default: the --address port + 1000). "
+    f"[env {UI_URL_ENV}]",
+)
 @click.version_option(__version__, prog_name="headway")
 @click.pass_context
-def cli(ctx: click.Context, address: str, namespace: str, tenant: str) -> None:
+def cli(ctx: click.Context, address: str, namespace: str, tenant: str, ui_url: str | None) -> None:
     """Headway decides when and where AI and batch work runs on a fleet of Kubernetes
     clusters: queues with priority, concurrency, quotas and cluster routing, on Temporal."""
-    ctx.obj = Settings(address=address, namespace=namespace, tenant=tenant)
+    ctx.obj = Settings(address=address, namespace=namespace, tenant=tenant, ui_url=ui_url)
 
 
 for command in (

@@ -20,6 +20,7 @@ from ._common import (
     port_in_use,
     resolve_data_dir,
     temporal_binary,
+    ui_hint,
 )
 
 __all__ = ["check_ports", "server", "server_argv", "wait_for_port"]
@@ -124,6 +125,9 @@ def start(data_dir: str | None, port: int, ui_port: int, ip: str, headless: bool
                 " Ctrl-C stops it.",
                 err=True,
             )
+            hint = None if headless else ui_hint(port, ui_port)
+            if hint:
+                click.echo(hint, err=True)
         code = proc.wait()
     finally:
         for s, handler in previous.items():

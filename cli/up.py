@@ -16,6 +16,7 @@ from ._common import (
     load_fleet,
     resolve_data_dir,
     settings,
+    ui_hint,
 )
 from ._stack import running_stack, wait_ready
 
@@ -88,6 +89,9 @@ def up(
                 click.echo(
                     f"  Web UI:   {stack.ui_url}/namespaces/{cfg.namespace}/workflows", err=True
                 )
+                hint = ui_hint(port, ui_port)
+                if hint:
+                    click.echo(hint, err=True)
             click.echo(f"  workers:  control-plane, {', '.join(clusters)} (sim)", err=True)
             click.echo(f"  logs:     {directory / 'logs'}", err=True)
             click.echo("Ctrl-C stops everything.", err=True)

@@ -265,3 +265,40 @@ def test_a_kubernetes_worker_without_a_kubeconfig_fails_in_one_line(tmp_path: Pa
         in (result.output)
     )
     assert "Traceback" not in result.output and "cannot reach" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "address", "want"),
+    [
+        pytest.param(None, None, "127.0.0.1:7233", "http://localhost:8233", id="derived-port+1000"),
+        pytest.param(None, "http://ui:9000/", "127.0.0.1:7233", "http://ui:9000", id="env"),
+        pytest.param(
+            "http://x:1234", "http://ui:9000", "127.0.0.1:7233", "http://x:1234", id="flag-wins"
+        ),
+    ],
+)
+def test_web_ui_links_follow_ui_url_then_env_then_the_address(
+    monkeypatch: pytest.MonkeyPatch, flag: str | None, env: str | None, address: str, want: str
+) -> None:
+    from headway.cli._common import Settings, ui_url, workflow_url
+
+    monkeypatch.delenv("HEADWAY_UI_URL", raising=False)
+    if env:
+        monkeypatch.setenv("HEADWAY_UI_URL", env)
+    cfg = Settings(address=address, ui_url=flag)
+    assert ui_url(cfg) == want
+    assert workflow_url(cfg, "w1") == f"{want}/namespaces/default/workflows/w1"
+
+
+def test_a_ui_url_that_is_not_http_is_a_usage_error() -> None:
+    res = CliRunner().invoke(cli, ["--ui-url", "localhost:8233", "get", "queues"])
+    assert res.exit_code == 2
+    assert "--ui-url: 'localhost:8233' is not an http(s) URL" in res.output
+
+
+def test_up_on_another_ui_port_says_how_links_find_it() -> None:
+    from headway.cli._common import ui_hint
+
+    assert ui_hint(7233, 8233) is None
+    hint = ui_hint(7233, 9000)
+    assert hint is not None and "--ui-url http://localhost:9000" in hint
