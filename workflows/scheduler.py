@@ -66,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
         ClusterSpec,
         OrgLimits,
         QueueSpec,
+        QueueStatus,
         check_limits,
     )
     from headway.scheduler.reasons import Reason, describe
@@ -190,6 +191,9 @@ class SchedulerWorkflow:
         # each), and how many this run has made (their tokens).
         self._audit: list[dict[str, Any]] = []
         self._audit_no = 0
+        # The queues draining as of the last iteration: one that drained since (the
+        # core settles it) gets its audit row, by the scheduler.
+        self._draining: set[str] = set()
         # A fresh run reads its tenant's stored configuration in run() (patch
         # ``config-from-store``); until then validators cannot tell a queue is missing.
         self._config_pending = not inp.carried
@@ -785,6 +789,7 @@ class SchedulerWorkflow:
         (see "One reader of inputs" in the module docstring): every later step uses
         what was read there and what its own local activities returned.
         """
+        self._note_drained()  # (only learns which queues drain: none was seen draining)
         while True:
             await workflow.wait_condition(self._has_work)
             self._now = now = workflow.now().timestamp()
@@ -805,6 +810,8 @@ class SchedulerWorkflow:
             if self._silent_checks:
                 self._mark_silent(now)
             self._decide(now)
+            if self._note_drained():
+                await self._put_door()  # the drained status and its audit row
             if cont:
                 # Its task may not complete (a signal arriving meanwhile makes the server
                 # reject it) and then runs again: regular dispatches only, which are mere
@@ -819,6 +826,27 @@ class SchedulerWorkflow:
                 # so the next iteration wakes where a replay wakes.
                 await self._sync(remote=True)
                 self._changed = True
+
+    def _note_drained(self) -> bool:
+        """Record the queues that went from draining to drained (their last action
+        ended): an audit row each, by the scheduler. Whether there were any."""
+        now_draining = set()
+        drained = []
+        for name, q in self._core.queues.items():
+            status = q.spec.status
+            if status is QueueStatus.draining:
+                now_draining.add(name)
+            elif status is QueueStatus.drained and name in self._draining:
+                drained.append(name)
+        self._draining = now_draining
+        if not drained or not workflow.patched("audit-drained"):
+            return False
+        for name in drained:
+            new = self._core.queues[name].spec.to_dict()
+            old = {**new, "status": QueueStatus.draining.value}
+            self._record("queue", name, old, new, {"who": "scheduler", "source": "scheduler"})
+        self._door_gen += 1
+        return True
 
     def _take_inbox(self) -> None:
         items, self._inbox = self._inbox, []

@@ -345,6 +345,34 @@ def test_drain_and_resume_a_queue(stack: Stack) -> None:
     )
 
 
+def test_a_queue_that_drains_by_itself_has_the_schedulers_audit_row(stack: Stack) -> None:
+    code, out = hwt(stack, "create", "queue", "settles")
+    assert code == 0, out
+    code, out = hwt(
+        stack, "submit", "--queue", "settles", "--cpu", "1", "--duration", "2", "--id", "v-set-1"
+    )
+    assert code == 0, out
+    code, out = hwt(stack, "drain", "queue", "settles")
+    assert code == 0, out
+
+    def drained() -> bool | None:
+        code, out = hwt(stack, "get", "queue", "settles", "-o", "json")
+        return True if code == 0 and json.loads(out)["status"] == "drained" else None
+
+    eventually(drained, "the queue drained once its action ended")
+
+    def rows() -> list[tuple[str, str, Any, Any]] | None:
+        got = [
+            (r["change"], r["who"], (r["old"] or {}).get("status"), (r["new"] or {}).get("status"))
+            for r in history(stack, "queue", "settles")
+        ]
+        return got if len(got) == 3 else None
+
+    got = eventually(rows, "the scheduler's row")
+    assert got[2] == ("update", "scheduler", "draining", "drained"), got
+    assert got[1][2:] == ("active", "draining"), got
+
+
 def test_delete_a_queue_only_once_it_holds_nothing(stack: Stack) -> None:
     code, out = hw(stack, "create", "queue", "doomed", "--action-concurrency", "0")
     assert code == 0, out
