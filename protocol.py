@@ -9,6 +9,7 @@ disagree on them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -223,6 +224,24 @@ class CapacityReport:
     observed_at: float = 0.0
     incarnation: str = ""
     started_at: float = 0.0
+    #: The tenant of each of ``reflected_actions`` ("" not known), as a backend reports
+    #: them; a worker serving several tenants sends each only its own (action ids are
+    #: a tenant's own: another tenant's "train-1" is another action).
+    reflected_tenants: list[str] = field(default_factory=list)
+
+
+def report_for(report: CapacityReport, tenant: str) -> CapacityReport:
+    """``report`` as one tenant's scheduler gets it: the same nodes (every pod counts,
+    any tenant's or none), and of the reflected actions only that tenant's (or those of
+    no known tenant)."""
+    if not report.reflected_tenants:
+        return report
+    mine = [
+        a
+        for a, t in zip(report.reflected_actions, report.reflected_tenants, strict=True)
+        if not t or t == tenant
+    ]
+    return dataclasses.replace(report, reflected_actions=mine, reflected_tenants=[])
 
 
 # --- workflow / activity / signal names -------------------------------------------------

@@ -17,6 +17,7 @@ from headway.worker.gc_tuning import freeze_startup, set_young_threshold
 from ._common import (
     DATABASE_URL_ENV,
     Settings,
+    check_name,
     connect_retrying,
     fleet_cluster,
     load_fleet,
@@ -193,6 +194,16 @@ def control_plane(
     " the worker (a restarted worker resumes them). [env HEADWAY_SIM_STATE_DIR; default: in"
     " memory only]",
 )
+@click.option(
+    "--serve-tenant",
+    "serve_tenants",
+    multiple=True,
+    envvar="HEADWAY_WORKER_TENANTS",
+    help="A tenant whose scheduler gets this cluster's capacity (repeat it, or list them "
+    "in the env var separated by spaces, for a cluster shared by several tenants: each "
+    "gets the same capacity, every pod counted). [env HEADWAY_WORKER_TENANTS; default: "
+    "--tenant]",
+)
 @click.pass_context
 def cluster(
     ctx: click.Context,
@@ -204,12 +215,15 @@ def cluster(
     pod_namespace: str | None,
     time_scale: float | None,
     state_dir: str | None,
+    serve_tenants: tuple[str, ...],
 ) -> None:
     """A cluster worker: dials out to Temporal and runs admitted actions' pods.
 
     With HEADWAY_POD_LOG set, every pod created, bound and ended is appended to that file
     (one JSON line each, fsync'd), for audits."""
     cfg = settings(ctx)
+    tenants = list(dict.fromkeys(check_name(t, "--serve-tenant") for t in serve_tenants))
+    tenants = tenants or [cfg.tenant]
     entry = fleet_cluster(load_fleet(fleet_path), name)
     from headway import telemetry
     from headway.worker.cluster import make_backend, run_cluster_worker
@@ -250,10 +264,10 @@ def cluster(
         click.echo(
             f"cluster worker ready: cluster {name} ({backend}), Temporal {cfg.address}"
             f" (namespace {cfg.namespace}), task queue {protocol.cluster_task_queue(name)},"
-            f" tenant {cfg.tenant}",
+            f" tenant{'s' if len(tenants) > 1 else ''} {', '.join(tenants)}",
             err=True,
         )
-        await run_cluster_worker(client, name, impl, tenants=[cfg.tenant], stop=stop)
+        await run_cluster_worker(client, name, impl, tenants=tenants, stop=stop)
 
     if backend == "kubernetes":
         _check_kube_config(kubeconfig, kube_context)

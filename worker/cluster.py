@@ -39,6 +39,7 @@ from headway.protocol import (
     DEFAULT_TENANT,
     CapacityReport,
     cluster_task_queue,
+    report_for,
     scheduler_workflow_id,
 )
 from headway.scheduler.model import ClusterSpec, NodeGroup
@@ -157,7 +158,7 @@ async def capacity_loop(
             failed = targets
         else:
             for tenant in targets:
-                if not await _send_report(client, tenant, report):
+                if not await _send_report(client, tenant, report_for(report, tenant)):
                     failed.append(tenant)
         try:
             version = await asyncio.wait_for(

@@ -1284,16 +1284,26 @@ class KubernetesBackend:
             self._node_capacity(n, tuple(used.get(name, [0, 0, 0, 0])))  # type: ignore[arg-type]
             for name, n in sorted(self._nodes.items())
         ]
-        live: dict[str, bool] = {}
+        live: dict[tuple[str, str], bool] = {}
         for pod in self._pods.values():
             action = _action_of(pod)
             phase = (pod.get("status") or {}).get("phase")
             if action is None or phase in _FINISHED_PHASES:
                 continue
             bound = bool((pod.get("spec") or {}).get("nodeName"))
-            live[action] = live.get(action, True) and bound
-        reflected = sorted(a for a, ok in live.items() if ok)
-        return CapacityReport(self.name, nodes, reflected, self._sequence, now)
+            # (The label holds the tenant as a label value: tenant names are valid ones.)
+            tenant = ((pod.get("metadata") or {}).get("labels") or {}).get(TENANT_LABEL, "")
+            key = (action, str(tenant))
+            live[key] = live.get(key, True) and bound
+        reflected = sorted(k for k, ok in live.items() if ok)
+        return CapacityReport(
+            self.name,
+            nodes,
+            [a for a, _ in reflected],
+            self._sequence,
+            now,
+            reflected_tenants=[t for _, t in reflected],
+        )
 
     async def wait_capacity_change(self, since: int) -> int:
         """Block until an informer delivered something after version ``since``."""

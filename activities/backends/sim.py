@@ -95,6 +95,7 @@ class _SimPod:
     workflow_id: str = ""
     dispatch: str = ""
     created_at: float = 0.0
+    tenant: str = ""  # "" in state written before tenants were kept
     node: str | None = None
     last: ActionEvent | None = None
     holds: bool = False  # whether its requests count against its node
@@ -313,6 +314,7 @@ class SimBackend:
                 workflow_id=req.workflow_id,
                 dispatch=dispatch,
                 created_at=now,
+                tenant=req.tenant,
             )
             self._pods[name] = pod
             if record is not None:
@@ -551,13 +553,21 @@ class SimBackend:
         # An action is reflected only when every live pod of it is counted on a node: a
         # half-bound gang is left to the scheduler's own reservation, which over-counts
         # rather than under-counts.
-        live: dict[str, bool] = {}
+        live: dict[tuple[str, str], bool] = {}
         for pod in self._pods.values():
             if pod.terminal and not pod.holds:
                 continue
-            live[pod.action_id] = live.get(pod.action_id, True) and pod.holds
-        reflected = sorted(a for a, ok in live.items() if ok)
-        return CapacityReport(self.name, nodes, reflected, self._sequence, now)
+            key = (pod.tenant, pod.action_id)
+            live[key] = live.get(key, True) and pod.holds
+        reflected = sorted((a, t) for (t, a), ok in live.items() if ok)
+        return CapacityReport(
+            self.name,
+            nodes,
+            [a for a, _ in reflected],
+            self._sequence,
+            now,
+            reflected_tenants=[t for _, t in reflected],
+        )
 
     async def wait_capacity_change(self, since: int) -> int:
         """Block until a bind, an end or a node change after version ``since``."""
@@ -850,6 +860,7 @@ class SimBackend:
                     "workflow_id": p.workflow_id,
                     "dispatch": p.dispatch,
                     "created_at": p.created_at,
+                    "tenant": p.tenant,
                     "node": p.node,
                     "last": _event_to_json(p.last) if p.last is not None else None,
                     "holds": p.holds,
@@ -937,6 +948,7 @@ class SimBackend:
                     workflow_id=p.get("workflow_id", ""),
                     dispatch=p.get("dispatch", ""),
                     created_at=float(p.get("created_at", 0.0)),
+                    tenant=str(p.get("tenant", "")),
                     node=p.get("node"),
                     last=_event_from_json(p["last"]) if p.get("last") else None,
                     holds=bool(p.get("holds")),

@@ -1,0 +1,144 @@
+"""One cluster shared by two tenants (issue #22): its worker serves both, and each
+tenant's scheduler gets the same capacity, every pod counted whoever's it is. Separate
+processes, as deployed: a Temporal dev server, the control-plane worker and one cluster
+worker started with ``--serve-tenant`` twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from headway.cli._common import free_port, load_fleet
+from headway.cli._stack import Stack, _headway, start_server, wait_ready
+from headway.cli.server import server_argv
+
+pytestmark = pytest.mark.integration
+
+# One node of 4 CPUs: one tenant's 4-CPU action leaves no room for the other's.
+FLEET = """\
+clusters:
+  - name: shared
+    node_groups:
+      - {name: n, count: 1, shape: {cpu: 4, memory: 16Gi}}
+queues:
+  - name: default
+"""
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Path]]:
+    data = tmp_path_factory.mktemp("shared")
+    fleet = data / "fleet.yaml"
+    fleet.write_text(FLEET)
+    port = free_port()
+    stack = Stack(data, f"127.0.0.1:{port}", None)
+    try:
+        start_server(stack, server_argv(data, port=port, headless=True), port)
+        db = f"sqlite:///{data / 'headway.db'}"
+        stack.spawn(
+            "control-plane",
+            _headway(
+                "--address",
+                stack.address,
+                "worker",
+                "control-plane",
+                "--fleet",
+                str(fleet),
+                "--database-url",
+                db,
+            ),
+        )
+        stack.spawn(
+            "cluster-shared",
+            _headway(
+                "--address",
+                stack.address,
+                "worker",
+                "cluster",
+                "--name",
+                "shared",
+                "--backend",
+                "sim",
+                "--fleet",
+                str(fleet),
+                "--serve-tenant",
+                "team-a",
+                "--serve-tenant",
+                "team-b",
+                "--state-dir",
+                str(data / "sim"),
+            ),
+        )
+        import asyncio
+
+        for tenant in ("team-a", "team-b"):
+            asyncio.run(wait_ready(stack, load_fleet(str(fleet)), tenant=tenant))
+        yield stack, fleet
+    finally:
+        stack.stop()
+
+
+def hw(stack: Stack, tenant: str, *args: str) -> tuple[int, str]:
+    proc = subprocess.run(
+        _headway("--address", stack.address, "--tenant", tenant, *args),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def describe(stack: Stack, tenant: str, action: str) -> dict[str, Any]:
+    code, out = hw(stack, tenant, "describe", "action", action, "-o", "json")
+    assert code == 0, out
+    doc: dict[str, Any] = json.loads(out)
+    return doc
+
+
+def until(probe: Any, what: str, timeout_s: float = 90.0, show: Any = None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = probe()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {show() if show else got}")
+        time.sleep(0.5)
+
+
+def test_a_cluster_shared_by_two_tenants_is_never_overcommitted(
+    shared: tuple[Stack, Path],
+) -> None:
+    stack, _ = shared
+    code, out = hw(stack, "team-a", "submit", "--cpu", "4", "--duration", "15", "--id", "big-a")
+    assert code == 0, out
+    until(
+        lambda: describe(stack, "team-a", "big-a")["state"] == "running", "team-a's action running"
+    )
+    # team-b's scheduler has heard the same capacity: the node is full, so its action
+    # waits for room in its queue, instead of being sent to a cluster without it.
+    code, out = hw(stack, "team-b", "submit", "--cpu", "4", "--duration", "1", "--id", "big-b")
+    assert code == 0, out
+    seen = until(
+        lambda: (
+            (w := describe(stack, "team-b", "big-b")).get("reason") == "NoClusterCapacity" and w
+        ),
+        "team-b's action waiting for capacity",
+    )
+    assert seen["state"] == "waiting", seen
+    a = describe(stack, "team-a", "big-a")
+    assert a["state"] == "running", a  # still: b was held back while a ran
+    # Once team-a's action ends, the room is team-b's.
+    until(
+        lambda: describe(stack, "team-b", "big-b")["state"] == "succeeded",
+        "team-b's action done",
+        show=lambda: describe(stack, "team-b", "big-b"),
+    )
+    assert describe(stack, "team-a", "big-a")["state"] == "succeeded"
