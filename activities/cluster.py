@@ -303,6 +303,9 @@ class ClusterActivities:
         dispatch = dispatch_key(info)
         retried = info.attempt > 1 or bool(info.heartbeat_details)
         prior = PriorAttempt.parse(info.heartbeat_details) if retried else PriorAttempt()
+        if info.attempt > 1:
+            # A retry: the worker running an earlier attempt was lost (or timed out).
+            telemetry.get().record_retry(req.cluster)
         # Subscribe before creating, so no event can fall between creation and listening.
         with self.backend.subscribe() as queue:
             heartbeat: asyncio.Task[None] | None = None

@@ -67,6 +67,37 @@ _fleet_option = click.option(
 )
 
 
+_metrics_port_option = click.option(
+    "--metrics-port",
+    "metrics_port",
+    envvar="HEADWAY_METRICS_PORT",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on http://0.0.0.0:PORT/metrics (0: any free port; the"
+    " ready line says which). [env HEADWAY_METRICS_PORT; default: no endpoint]",
+)
+
+
+def _setup_telemetry(service: str, port: int | None) -> str:
+    """Install the process's telemetry; the scrape address for the ready line ('' none)."""
+    from headway import telemetry
+
+    try:
+        t = telemetry.setup(service, metrics_port=port)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return f", metrics {t.metrics_address}" if t.metrics_address else ""
+
+
+def _metrics_interval() -> float:
+    from headway import telemetry
+
+    try:
+        return telemetry.metrics_interval()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @worker.command("control-plane")
 @_fleet_option
 @click.option(
@@ -96,6 +127,7 @@ _fleet_option = click.option(
     " writing or ending leases on this worker, so a shard draining a backlog does not slow"
     " another's small runs (0: no pacing). [env HEADWAY_CONTENDED_RATE]",
 )
+@_metrics_port_option
 @click.pass_context
 def control_plane(
     ctx: click.Context,
@@ -103,6 +135,7 @@ def control_plane(
     database_url: str | None,
     admit_wait_s: float | None,
     contended_rate: float,
+    metrics_port: int | None,
 ) -> None:
     """The control plane: shard schedulers, action workflows and their activities."""
     cfg = settings(ctx)
@@ -110,20 +143,23 @@ def control_plane(
     from headway import telemetry
     from headway.worker.control_plane import run_control_plane_worker
 
-    telemetry.setup("headway-control-plane")
+    interval_s = _metrics_interval()
+    metrics = _setup_telemetry("headway-control-plane", metrics_port)
 
     def ready(tenants: list[str]) -> None:
         click.echo(
             f"control-plane worker ready: Temporal {cfg.address} (namespace {cfg.namespace}),"
             f" task queue {protocol.CONTROL_TASK_QUEUE}, schedulers of"
-            f" {', '.join(tenants) or 'no tenant yet'}",
+            f" {', '.join(tenants) or 'no tenant yet'}{metrics}",
             err=True,
         )
 
     async def body(client: Client, stop: asyncio.Event) -> None:
         # The gauges (waiting by reason, blocked heads, free capacity) come from the
         # schedulers' own queries, polled beside the worker.
-        poller = asyncio.create_task(telemetry.poll_schedulers(client, stop=stop))
+        poller = asyncio.create_task(
+            telemetry.poll_schedulers(client, interval_s=interval_s, stop=stop)
+        )
         try:
             await run_control_plane_worker(
                 client,
@@ -175,6 +211,7 @@ def control_plane(
     " the worker (a restarted worker resumes them). [env HEADWAY_SIM_STATE_DIR; default: in"
     " memory only]",
 )
+@_metrics_port_option
 @click.pass_context
 def cluster(
     ctx: click.Context,
@@ -186,6 +223,7 @@ def cluster(
     pod_namespace: str | None,
     time_scale: float | None,
     state_dir: str | None,
+    metrics_port: int | None,
 ) -> None:
     """A cluster worker: dials out to Temporal and runs admitted actions' pods.
 
@@ -193,10 +231,7 @@ def cluster(
     (one JSON line each, fsync'd), for audits."""
     cfg = settings(ctx)
     entry = fleet_cluster(load_fleet(fleet_path), name)
-    from headway import telemetry
     from headway.worker.cluster import make_backend, run_cluster_worker
-
-    telemetry.setup(f"headway-cluster-{name}")
 
     given = {
         "kubeconfig": kubeconfig,
@@ -228,11 +263,14 @@ def cluster(
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
 
+    # After the flags are checked, before connecting: a port in use fails at once.
+    metrics = _setup_telemetry(f"headway-cluster-{name}", metrics_port)
+
     async def body(client: Client, stop: asyncio.Event) -> None:
         click.echo(
             f"cluster worker ready: cluster {name} ({backend}), Temporal {cfg.address}"
             f" (namespace {cfg.namespace}), task queue {protocol.cluster_task_queue(name)},"
-            f" tenant {cfg.tenant}",
+            f" tenant {cfg.tenant}{metrics}",
             err=True,
         )
         await run_cluster_worker(client, name, impl, tenants=[cfg.tenant], stop=stop)

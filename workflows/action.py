@@ -40,7 +40,7 @@ from temporalio.common import (
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
-    from headway import protocol
+    from headway import protocol, telemetry
     from headway.protocol import (
         ActionEvent,
         ActionEventKind,
@@ -374,6 +374,14 @@ class ActionWorkflow:
         st.reasons = list(admission.reasons)
         st.reason = "Admitted"
         self._publish()
+        if not workflow.unsafe.is_replaying():
+            # Counted here, once per action: a replay (restart, cache eviction) does not
+            # count again, the rule of Temporal's own workflow metric meter; see
+            # ``headway.telemetry``.
+            decided = admission.decided_at or workflow.now().timestamp()
+            telemetry.get().record_admission(
+                req.tenant, req.queue, admission.cluster, decided - st.submitted_at, st.reasons
+            )
         dispatch = DispatchRequest(
             tenant=req.tenant,
             action_id=req.action_id,
@@ -506,6 +514,8 @@ class ActionWorkflow:
     ) -> ActionResult:
         self._status.reasons = [reason]
         res = self._end("rejected", reason, message=message)
+        if not workflow.unsafe.is_replaying():  # once per action, as admissions
+            telemetry.get().record_rejection(self._status.tenant, self._status.queue, reason)
         if self._answer is None:
             self._answer = SubmitAnswer(
                 res.action_id, False, "rejected", reason, message, retry_after

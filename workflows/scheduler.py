@@ -657,6 +657,9 @@ class SchedulerWorkflow:
             "clusters": sorted(self._cluster_names()),
             "capacity": self._loop.capacity,
             "down": sorted(self._loop.silent),
+            # Admissions to a cluster that had reported no capacity, per cluster (the
+            # control plane's poller turns them into a metric and a warning).
+            "unknown_capacity_admissions": dict(self._core.unknown_capacity_by_cluster),
         }
 
     @workflow.query(name="carried_bytes")
