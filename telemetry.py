@@ -60,7 +60,6 @@ __all__ = [
     "get",
     "interceptors",
     "metrics_interval",
-    "metrics_port",
     "poll_schedulers",
     "setup",
 ]
@@ -377,19 +376,6 @@ def metrics_interval() -> float:
     return value
 
 
-def metrics_port(value: int | str | None, *, what: str = METRICS_PORT_ENV) -> int | None:
-    """A scrape port from a flag or the environment (None: no endpoint; 0: any free port)."""
-    if value is None or value == "":
-        return None
-    try:
-        port = int(value)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise ValueError(f"{what}: {value!r} is not a port (0-65535)")
-    return port
-
-
 async def poll_schedulers(
     client: Any,
     *,
@@ -433,16 +419,24 @@ async def poll_schedulers(
 
 def fleet_gauges(fleet: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The scheduler's ``fleet`` query reshaped for ``update_fleet``: every cluster of the
-    fleet, those that never reported as unknown."""
+    fleet. Known or not as the scheduler sees it: its last report, else its fleet entry
+    (a cluster that does not report capacity is unknown until it does)."""
     out: dict[str, dict[str, Any]] = {}
     capacity = fleet.get("capacity") or {}
+    declared = {
+        str(c.get("name")): bool(c.get("reports_capacity", True))
+        for c in fleet.get("fleet") or ()
+        if isinstance(c, Mapping)
+    }
     unknown_admissions = fleet.get("unknown_capacity_admissions") or {}
-    for name in sorted(set(fleet.get("clusters") or ()) | set(capacity) | set(unknown_admissions)):
+    names = set(fleet.get("clusters") or ()) | set(capacity) | set(unknown_admissions)
+    for name in sorted(names):
         cap = capacity.get(name)
-        known = cap is not None and bool(cap.get("known", True))
+        known = bool(cap.get("known", True)) if cap is not None else declared.get(name, True)
         out[name] = {
             "known": known,
-            "free": {"gpu": cap.get("free_gpu", 0), "cpu_m": cap.get("free_cpu_m", 0)}
+            # CPU in cores, as in the queue gauges.
+            "free": {"gpu": cap.get("free_gpu", 0), "cpu": cap.get("free_cpu_m", 0) / 1000}
             if known and cap is not None
             else None,
             "unknown_admissions": int(unknown_admissions.get(name, 0)),
