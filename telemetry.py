@@ -62,6 +62,7 @@ __all__ = [
     "metrics_interval",
     "poll_schedulers",
     "setup",
+    "tracer",
 ]
 
 log = logging.getLogger(__name__)
@@ -527,12 +528,27 @@ def setup(
 
 
 def get() -> Telemetry:
-    """The process's telemetry; a no-export default if ``setup`` was never called."""
+    """The process's telemetry. ``setup`` never called (the CLI, an SDK program): a tracer
+    provider all the same, so the trace an action starts here carries a real context to
+    the workers (a no-op tracer would start none), exported as $HEADWAY_OTEL_EXPORTER
+    says; metrics go nowhere."""
     global _current
     with _lock:
         if _current is None:
-            _current = Telemetry(MeterProvider(), None)
+            tracer_provider = TracerProvider(
+                resource=Resource.create({"service.name": "headway-client"})
+            )
+            exporter = (os.environ.get("HEADWAY_OTEL_EXPORTER") or "none").lower()
+            if exporter == "console":
+                tracer_provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+            _current = Telemetry(MeterProvider(), tracer_provider)
         return _current
+
+
+def tracer() -> trace.Tracer:
+    """Headway's tracer on the process's provider (for spans of its own: submit, pods)."""
+    t = get()
+    return (t.tracer_provider or trace.get_tracer_provider()).get_tracer("headway")
 
 
 def interceptors() -> list[Any]:
@@ -542,6 +558,4 @@ def interceptors() -> list[Any]:
     """
     from temporalio.contrib.opentelemetry import TracingInterceptor
 
-    t = get()
-    tracer = (t.tracer_provider or trace.get_tracer_provider()).get_tracer("headway")
-    return [TracingInterceptor(tracer)]
+    return [TracingInterceptor(tracer())]

@@ -166,6 +166,23 @@ async def submit(
 
 
 async def submit_action(client: Client, req: SubmitRequest) -> Submission:
+    """Submit an action: the root span of the action's trace (see :func:`_submit_action`)."""
+    from headway import telemetry
+
+    # The CLI and the SDK both submit here: the trace starts with the submission, and
+    # the client's tracing interceptor carries it into the workflow and its activities.
+    with telemetry.tracer().start_as_current_span(
+        f"submit {req.action_id}",
+        attributes={
+            "headway.tenant": req.tenant,
+            "headway.queue": req.queue,
+            "headway.action": req.action_id,
+        },
+    ):
+        return await _submit_action(client, req)
+
+
+async def _submit_action(client: Client, req: SubmitRequest) -> Submission:
     """Submit an action and answer once its queue's door decided, or answer with the
     action that already has its id.
 
