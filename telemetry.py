@@ -383,8 +383,10 @@ async def poll_schedulers(
     tenants: Sequence[str] = (),
     interval_s: float = DEFAULT_METRICS_INTERVAL_S,
     stop: asyncio.Event | None = None,
+    tell_reasons: bool = True,
 ) -> None:
-    """Feed the queue and cluster gauges from each shard scheduler's queries.
+    """Feed the queue and cluster gauges from each shard scheduler's queries, and (with
+    ``tell_reasons``) tell waiting actions their current reason (``WaitingReasons``).
 
     The gauges read the scheduler's own state (its ``queues`` and ``fleet`` queries), so
     a dashboard can never disagree with the pass that decides. ``tenants`` empty: every
@@ -395,6 +397,7 @@ async def poll_schedulers(
 
     stop = stop or asyncio.Event()
     prefix = protocol.scheduler_workflow_id("")
+    tell = WaitingReasons() if tell_reasons else None
     while not stop.is_set():
         names = list(tenants)
         if not names:
@@ -412,10 +415,57 @@ async def poll_schedulers(
                 t.update_queue_stats(tenant, await hw.get_queues(client, tenant))
                 fleet = await hw.get_fleet(client, tenant)
                 t.update_fleet(tenant, fleet_gauges(fleet))
+                if tell is not None:
+                    await tell.poll(client, tenant)
             except Exception as exc:  # a scheduler mid continue-as-new, or gone
                 log.debug("polling scheduler %s failed: %s", tenant, exc)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval_s)
+
+
+class WaitingReasons:
+    """Tells each action that has waited a poll or more its scheduler's current reason
+    (the action workflow's ``REASON_SIGNAL``), once per change, so the Web UI shows what
+    blocks it within two poll intervals. An action admitted before the next poll is told
+    nothing: most never wait that long, and they cost no signal.
+    """
+
+    #: At most this many signals per tenant per poll (the rest go at the next poll).
+    MAX_PER_POLL = 500
+    CONCURRENCY = 8
+
+    def __init__(self) -> None:
+        self._seen: dict[str, dict[str, tuple[str, list[str]]]] = {}
+        self._told: dict[str, dict[str, tuple[str, list[str]]]] = {}
+
+    async def poll(self, client: Any, tenant: str) -> int:
+        """One poll of ``tenant``: returns how many actions were told."""
+        from headway import protocol
+        from headway.workflows import client as hw
+        from headway.workflows.action import REASON_SIGNAL, WaitingReason
+
+        now = await hw.get_waiting_reasons(client, tenant)
+        seen, told = self._seen.get(tenant, {}), self._told.setdefault(tenant, {})
+        self._seen[tenant] = now
+        for gone in [a for a in told if a not in now]:
+            del told[gone]
+        due = [a for a, note in now.items() if a in seen and told.get(a) != note]
+        due = due[: self.MAX_PER_POLL]
+        sem = asyncio.Semaphore(self.CONCURRENCY)
+
+        async def tell(action_id: str) -> None:
+            reason, reasons = now[action_id]
+            handle = client.get_workflow_handle(protocol.action_workflow_id(tenant, action_id))
+            async with sem:
+                try:
+                    await handle.signal(REASON_SIGNAL, WaitingReason(reason, reasons))
+                except Exception as exc:  # ended meanwhile; told again next poll if not
+                    log.debug("telling %s its reason failed: %s", action_id, exc)
+                    return
+            told[action_id] = (reason, reasons)
+
+        await asyncio.gather(*(tell(a) for a in due))
+        return len(due)
 
 
 def fleet_gauges(fleet: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -4520,6 +4520,17 @@ class Scheduler:
             }
         return out
 
+    def waiting_reasons(self) -> dict[str, tuple[str, list[str]]]:
+        """Each waiting action the last pass gave a reason: that reason, and every
+        distinct reason it has waited for so far (shown on the action while it waits)."""
+        out: dict[str, tuple[str, list[str]]] = {}
+        for q in self.queues.values():
+            self._flush(q)
+            for a in q.waiting:
+                if a.last:
+                    out[a.id] = (a.last, list(a.reasons))
+        return out
+
     # ------------------------------------------------------------------ snapshots
 
     def to_snapshot(self) -> dict[str, Any]:

@@ -182,6 +182,27 @@ async def submit_action(client: Client, req: SubmitRequest) -> Submission:
         return await _submit_action(client, req)
 
 
+def _web_metadata(req: SubmitRequest) -> tuple[str | None, str | None]:
+    """The action's static summary and details in the Web UI (its queue and demand); none
+    for a demand that does not parse (the workflow rejects it, saying why)."""
+    from headway.scheduler import demand_from_request
+    from headway.workflows import summary
+
+    try:
+        kind, pods = demand_from_request(dataclasses.asdict(req.demand))
+    except ValueError:
+        return None, None
+    details = summary.static_details(
+        tenant=req.tenant,
+        queue=req.queue,
+        run=req.run or req.action_id,
+        task=req.task,
+        kind=kind.value,
+        pods=pods,
+    )
+    return summary.static_summary(req.queue, pods), details
+
+
 async def _submit_action(client: Client, req: SubmitRequest) -> Submission:
     """Submit an action and answer once its queue's door decided, or answer with the
     action that already has its id.
@@ -212,6 +233,7 @@ async def _submit_action(client: Client, req: SubmitRequest) -> Submission:
     if req.revision == 0:
         req = dataclasses.replace(req, revision=protocol.ACTION_REVISION)
     sa, memo = start_attributes(req)
+    web_summary, web_details = _web_metadata(req)
     workflow_id = protocol.action_workflow_id(req.tenant, req.action_id)
     reuse = WorkflowIDReusePolicy.REJECT_DUPLICATE
     for attempt in range(4):
@@ -225,6 +247,8 @@ async def _submit_action(client: Client, req: SubmitRequest) -> Submission:
             search_attributes=sa,
             memo=memo,
             priority=protocol.tenant_priority(req.tenant),
+            static_summary=web_summary,
+            static_details=web_details,
         )
         try:
             answer: SubmitAnswer = await client.execute_update_with_start_workflow(
@@ -535,6 +559,13 @@ async def get_fleet(client: Client, tenant: str) -> dict[str, Any]:
     return out
 
 
+async def get_waiting_reasons(client: Client, tenant: str) -> dict[str, tuple[str, list[str]]]:
+    """Each waiting action's current reason and every reason so far, from its scheduler."""
+    h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    out: dict[str, list[Any]] = await h.query("waiting_reasons")
+    return {k: (str(v[0]), [str(r) for r in v[1]]) for k, v in out.items()}
+
+
 async def why(client: Client, tenant: str, action_id: str) -> dict[str, Any]:
     """Why an action is where it is, from the scheduler that decides it.
 
@@ -622,8 +653,10 @@ async def ensure_search_attributes(client: Client, namespace: str | None = None)
             AddSearchAttributesRequest(
                 namespace=namespace or client.namespace,
                 search_attributes={
-                    name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
-                    for name in protocol.SEARCH_ATTRIBUTES
+                    name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD_LIST
+                    if kind == "KeywordList"
+                    else IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
+                    for name, kind in protocol.SEARCH_ATTRIBUTES.items()
                 },
             )
         )

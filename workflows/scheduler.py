@@ -606,6 +606,12 @@ class SchedulerWorkflow:
             s["backlog_in_store"] = name in self._more
         return stats
 
+    @workflow.query(name="waiting_reasons")
+    def waiting_reasons(self) -> dict[str, list[Any]]:
+        """Per waiting action in the window: ``[reason, [every reason so far]]``. The
+        control plane tells each action that has waited a while (for the Web UI)."""
+        return {k: [r, rs] for k, (r, rs) in self._core.waiting_reasons().items()}
+
     @workflow.query(name="why")
     def why(self, action_id: str) -> dict[str, Any]:
         """Where an action is and the reasons the last pass recorded on it."""
