@@ -77,6 +77,8 @@ UNKNOWN_WARN_EVERY_S = 3600.0
 
 #: Waits run from milliseconds (room free) to days (a backfill queue): seconds.
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+#: Start-estimate errors: 10 minutes (600 s) is a boundary, a figure of the ETA bench.
+ETA_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200, 86400)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 #: Queue usage keys (the scheduler's ``queues`` query) -> (resource label, scale to the
@@ -132,6 +134,13 @@ class Telemetry:
             "headway.action.retries",
             unit="{attempt}",
             description="run_action attempts after the first (a worker lost mid-action)",
+        )
+        self.eta_error = m.create_histogram(
+            "headway.start_estimate.error",
+            unit="s",
+            description="How far an action's forecast start (made when the control plane"
+            " first saw it waiting) was from its actual start",
+            explicit_bucket_boundaries_advisory=ETA_BUCKETS,
         )
         self._stats: dict[str, dict[str, dict[str, Any]]] = {}
         self._fleet: dict[str, dict[str, Any]] = {}
@@ -217,6 +226,10 @@ class Telemetry:
             self.event_latency.record(
                 max(0.0, time.time() - observed_at), {"cluster": cluster, "kind": kind}
             )
+
+    def record_start_estimate(self, tenant: str, queue: str, error_s: float) -> None:
+        """An action started ``error_s`` after (negative: before) its forecast start."""
+        self.eta_error.record(abs(error_s), {"tenant": tenant, "queue": queue})
 
     def record_retry(self, cluster: str) -> None:
         self.retries.add(1, {"cluster": cluster})
@@ -398,6 +411,7 @@ async def poll_schedulers(
     stop = stop or asyncio.Event()
     prefix = protocol.scheduler_workflow_id("")
     tell = WaitingReasons() if tell_reasons else None
+    estimates = StartEstimates()
     while not stop.is_set():
         names = list(tenants)
         if not names:
@@ -417,6 +431,7 @@ async def poll_schedulers(
                 t.update_fleet(tenant, fleet_gauges(fleet))
                 if tell is not None:
                     await tell.poll(client, tenant)
+                await estimates.poll(client, tenant, t)
             except Exception as exc:  # a scheduler mid continue-as-new, or gone
                 log.debug("polling scheduler %s failed: %s", tenant, exc)
         with contextlib.suppress(TimeoutError):
@@ -466,6 +481,48 @@ class WaitingReasons:
 
         await asyncio.gather(*(tell(a) for a in due))
         return len(due)
+
+
+class StartEstimates:
+    """Scores start estimates: each waiting action's start, as forecast when the control
+    plane first sees it (``headway.scheduler.insight.forecast``, the core run forward on
+    a copy of the scheduler's snapshot), against the start the scheduler then gave it
+    (``headway.start_estimate.error``). An action seen waiting and then running is
+    scored; one that started and ended between two polls is not.
+    """
+
+    #: No forecast over more waiting actions than this per tenant and poll (its CPU is
+    #: the control plane worker's): those are scored once the backlog is smaller.
+    MAX_WAITING = 2000
+
+    def __init__(self) -> None:
+        self._predicted: dict[str, dict[str, tuple[str, float]]] = {}
+
+    async def poll(self, client: Any, tenant: str, t: Telemetry) -> None:
+        from headway.scheduler import Scheduler
+        from headway.scheduler.insight import forecast
+        from headway.workflows import client as hw
+
+        predicted = self._predicted.setdefault(tenant, {})
+        waiting = sum(int(st.get("waiting", 0)) for st in t._stats.get(tenant, {}).values())
+        if not waiting and not predicted:
+            return  # nothing to forecast nor to score: no snapshot asked for
+        data = await hw.get_snapshot(client, tenant)
+        sched, now = Scheduler.from_snapshot(data["snapshot"]), float(data["now"])
+        for action_id, (queue, start) in list(predicted.items()):
+            a = sched.actions.get(action_id)
+            if a is None or a.state != "waiting":
+                del predicted[action_id]
+            if a is not None and a.state == "running":
+                t.record_start_estimate(tenant, queue, a.start - start)
+        new = [a for q in sched.queues.values() for a in q.waiting if a.id not in predicted]
+        if not new or waiting > self.MAX_WAITING:
+            return
+        starts = forecast(sched, now).starts
+        for a in new:
+            at = starts.get(a.id)
+            if at is not None:
+                predicted[a.id] = (a.queue, at)
 
 
 def fleet_gauges(fleet: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import calib_us, calibration
+from _common import calib_us, calibration  # type: ignore[import-not-found]
 from headway.scheduler.core import Scheduler
 from headway.scheduler.scenario import Scenario, WorkItem
 from headway.scheduler.simulator import load_swf

@@ -221,6 +221,12 @@ def test_a_scripted_run_is_visible_in_the_scrape(live: Live) -> None:
     }
     assert reasons == {"NoClusterCapacity": 2, "HeldForGang": 1}, reasons
     assert total(s, "headway_rejections_total", queue="nope", reason="UnknownQueue") == 1
+    # The gang and small were seen waiting, forecast, then seen running: both scored.
+    def scored() -> float | None:
+        n = total(scrape(live.control), "headway_start_estimate_error_seconds_count", **train)
+        return n if n is not None and n >= 2 else None
+
+    assert eventually(scored, "the start estimates scored") >= 2
     assert total(s, "headway_cluster_unknown_capacity", tenant=t, cluster="ghost") == 1
     assert total(s, "headway_cluster_unknown_capacity", tenant=t, cluster="gpu-a") == 0
     assert total(s, "headway_cluster_free", tenant=t, cluster="gpu-a", resource="gpu") is not None
