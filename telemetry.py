@@ -57,6 +57,7 @@ __all__ = [
     "METRICS_PORT_ENV",
     "Telemetry",
     "fleet_gauges",
+    "flush",
     "get",
     "interceptors",
     "metrics_interval",
@@ -650,6 +651,14 @@ def get() -> Telemetry:
                 tracer_provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
             _current = Telemetry(MeterProvider(), tracer_provider)
         return _current
+
+
+def flush(timeout_ms: int = 5000) -> None:
+    """Export what is buffered now (a process leaving by ``os._exit`` runs no atexit)."""
+    with _lock:
+        t = _current
+    if t is not None and t.tracer_provider is not None:
+        t.tracer_provider.force_flush(timeout_ms)
 
 
 def tracer() -> trace.Tracer:
