@@ -492,8 +492,8 @@ class StartEstimates:
     scored; one that started and ended between two polls is not.
     """
 
-    #: No forecast over more waiting actions than this per tenant and poll (its CPU is
-    #: the control plane worker's): those are scored once the backlog is smaller.
+    #: No snapshot nor forecast over more waiting actions than this per tenant and poll
+    #: (its CPU is the control plane worker's): nothing is scored while it is deeper.
     MAX_WAITING = 2000
 
     def __init__(self) -> None:
@@ -508,6 +508,11 @@ class StartEstimates:
         waiting = sum(int(st.get("waiting", 0)) for st in t._stats.get(tenant, {}).values())
         if not waiting and not predicted:
             return  # nothing to forecast nor to score: no snapshot asked for
+        if waiting > self.MAX_WAITING:
+            # A backlog this deep: its snapshot is large and its forecast costly; what
+            # was predicted goes unscored rather than hold the poll up.
+            predicted.clear()
+            return
         data = await hw.get_snapshot(client, tenant)
         sched, now = Scheduler.from_snapshot(data["snapshot"]), float(data["now"])
         for action_id, (queue, start) in list(predicted.items()):
@@ -517,7 +522,7 @@ class StartEstimates:
             if a is not None and a.state == "running":
                 t.record_start_estimate(tenant, queue, a.start - start)
         new = [a for q in sched.queues.values() for a in q.waiting if a.id not in predicted]
-        if not new or waiting > self.MAX_WAITING:
+        if not new:
             return
         starts = forecast(sched, now).starts
         for a in new:

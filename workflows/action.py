@@ -272,7 +272,7 @@ class ActionWorkflow:
 
         The scheduler does not signal reasons itself (one signal per action per pass);
         the control plane's poller tells the actions that have waited a poll or more,
-        only when their reason changed (``headway.telemetry.tell_waiting_reasons``): the
+        only when their reason changed (``headway.telemetry.WaitingReasons``): the
         Web UI's current details and ``HeadwayReason`` then show it, not ``Waiting``.
         """
         st = self._status
