@@ -705,6 +705,11 @@ class ActionRow:
     status: str  # the workflow's execution status, lower case (running, completed, ...)
     started_at: float | None = None
     ended_at: float | None = None
+    #: A waiting action's place in its queue (1: next) and its forecast start in
+    #: seconds from now (None: not within the forecast); ``get actions`` fills them in
+    #: from the scheduler's state.
+    position: int | None = None
+    starts_in_s: float | None = None
 
 
 def _q(value: str) -> str:

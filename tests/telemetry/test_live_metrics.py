@@ -184,6 +184,13 @@ def test_a_scripted_run_is_visible_in_the_scrape(live: Live) -> None:
     assert total(s, "headway_queue_quota", resource="gpu", **train) == 24
     assert total(s, "headway_queue_depth_used", **train) == 3
     assert total(s, "headway_queue_running", **train) == 1
+    # The same waiting actions in `get actions`: their place in the queue and a start
+    # forecast (the filler declares no runtime: the forecast's default hour stands in).
+    code, out = hw(live, "get", "actions", "--queue", "train", "--state", "waiting", "-o", "json")
+    assert code == 0, out
+    rows = {r["action_id"]: r for r in json.loads(out)}
+    assert {a: rows[a]["position"] for a in rows} == {"gang": 1, "small": 2}
+    assert all(r["starts_in_s"] is not None and r["starts_in_s"] > 0 for r in rows.values())
 
     def settled() -> dict[Any, float] | None:
         s = scrape(live.control)
