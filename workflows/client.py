@@ -1022,6 +1022,35 @@ async def cancel_action(
     return CancelOutcome(action_id, before, True, result, result.cluster or cluster)
 
 
+async def start_estimate(
+    client: Client, tenant: str, action_id: str, default_runtime: float = 3600.0
+) -> dict[str, Any] | None:
+    """Where a waiting action stands: ``{"position", "of", "queue", "starts_in_s",
+    "cluster"}`` (its place in its queue, 1 next; its forecast start in seconds from now,
+    None when not within the forecast, and where), from the scheduler's state run forward
+    on a copy (``headway.scheduler.insight.forecast``). None: it is not waiting in the
+    scheduler's window (running, ended, or queued in the store behind the window)."""
+    from headway.scheduler import Scheduler
+    from headway.scheduler.insight import forecast
+
+    data = await get_snapshot(client, tenant)
+    sched, now = Scheduler.from_snapshot(data["snapshot"]), float(data["now"])
+    a = sched.actions.get(action_id)
+    q = sched.queues.get(a.queue) if a is not None else None
+    if a is None or q is None or a.state != "waiting":
+        return None
+    ids = [w.id for w in q.waiting]
+    f = forecast(sched, now, default_runtime=default_runtime)
+    at = f.starts.get(action_id)
+    return {
+        "queue": a.queue,
+        "position": ids.index(action_id) + 1 if action_id in ids else None,
+        "of": len(ids),
+        "starts_in_s": None if at is None else max(0.0, at - now),
+        "cluster": f.clusters.get(action_id),
+    }
+
+
 async def get_snapshot(client: Client, tenant: str) -> dict[str, Any]:
     """The tenant scheduler's ``snapshot`` query: ``{"now", "snapshot"}`` (the core's
     state as ``Scheduler.to_snapshot()`` writes it, and the scheduler's clock)."""

@@ -228,6 +228,7 @@ def test_a_scripted_run_is_visible_in_the_scrape(live: Live) -> None:
     }
     assert reasons == {"NoClusterCapacity": 2, "HeldForGang": 1}, reasons
     assert total(s, "headway_rejections_total", queue="nope", reason="UnknownQueue") == 1
+
     # The gang and small were seen waiting, forecast, then seen running: both scored.
     def scored() -> float | None:
         n = total(scrape(live.control), "headway_start_estimate_error_seconds_count", **train)

@@ -159,3 +159,28 @@ async def test_one_action_is_one_trace_from_submit_to_its_pods(plane: Plane) -> 
         f"CompleteWorkflow:{wf}",
     ]
     assert sorted(order, key=first) == order, {n: first(n) for n in order}
+
+
+async def test_the_sdk_gives_a_waiting_action_its_place_and_forecast_start(
+    plane: Plane, temporal_env: WorkflowEnvironment
+) -> None:
+    from headway.sdk.client import Client as Headway
+    from headway.sdk.client import Resources, Task
+
+    sdk = Headway(temporal_env.client, tenant=plane.tenant)
+    uid = uuid.uuid4().hex[:6]
+    # Both 8-GPU nodes for a few seconds, declared: the forecast knows when they free.
+    gang = Task("gang", Resources(gpu=8), replicas=2, duration=3, estimate=3)
+    blocker = await sdk.submit(gang, id=f"blocker-{uid}")
+    first = await sdk.submit(Task("one", Resources(gpu=8), duration=0.2), id=f"first-{uid}")
+    second = await sdk.submit(Task("two", Resources(gpu=8), duration=0.2), id=f"second-{uid}")
+    assert blocker.state == "running" and first.state == second.state == "waiting"
+
+    eta = await first.eta()
+    assert eta is not None and eta["position"] == 1 and eta["of"] == 2, eta
+    assert eta["cluster"] == plane.cluster and 0 < eta["starts_in_s"] <= 3, eta
+    later = await second.eta()
+    assert later is not None and later["position"] == 2 and later["starts_in_s"] <= 3, later
+    await first.result()
+    # Started: no longer waiting, nothing to estimate.
+    assert await first.eta() is None
