@@ -496,8 +496,34 @@ class StartEstimates:
     #: (its CPU is the control plane worker's): nothing is scored while it is deeper.
     MAX_WAITING = 2000
 
+    #: Errors kept per queue for its scores (the most recent).
+    KEEP = 200
+
     def __init__(self) -> None:
         self._predicted: dict[str, dict[str, tuple[str, float]]] = {}
+        # Per tenant and queue: the latest errors, actual start - forecast start (s).
+        self._errors: dict[str, dict[str, list[float]]] = {}
+
+    def scores(self, tenant: str) -> dict[str, dict[str, Any]]:
+        """Per queue: how many were scored (of the latest ``KEEP``), the median absolute
+        error, the share within 10 minutes, and ``p90_margin_s``: how much later than
+        its forecast an action started, at the 90th percentile (the p90 start is the
+        forecast plus it)."""
+        out: dict[str, dict[str, Any]] = {}
+        for queue, errs in self._errors.get(tenant, {}).items():
+            late = sorted(errs)
+            out[queue] = {
+                "scored": len(errs),
+                "median_abs_error_s": round(_median([abs(e) for e in errs]), 1),
+                "within_10min": round(sum(abs(e) <= 600 for e in errs) / len(errs), 3),
+                "p90_margin_s": round(max(0.0, late[int(0.9 * (len(late) - 1))]), 1),
+            }
+        return out
+
+    def _score(self, tenant: str, queue: str, error_s: float) -> None:
+        errs = self._errors.setdefault(tenant, {}).setdefault(queue, [])
+        errs.append(error_s)
+        del errs[: -self.KEEP]
 
     async def poll(self, client: Any, tenant: str, t: Telemetry) -> None:
         from headway.scheduler import Scheduler
@@ -515,12 +541,19 @@ class StartEstimates:
             return
         data = await hw.get_snapshot(client, tenant)
         sched, now = Scheduler.from_snapshot(data["snapshot"]), float(data["now"])
+        scored = False
         for action_id, (queue, start) in list(predicted.items()):
             a = sched.actions.get(action_id)
             if a is None or a.state != "waiting":
                 del predicted[action_id]
             if a is not None and a.state == "running":
                 t.record_start_estimate(tenant, queue, a.start - start)
+                self._score(tenant, queue, a.start - start)
+                scored = True
+        if scored:
+            # The scores go to the tenant's scheduler, which shows them (``get queue``,
+            # the p90 of ``describe action`` and the SDK's ``eta``).
+            await hw.tell_start_estimates(client, tenant, self.scores(tenant))
         new = [a for q in sched.queues.values() for a in q.waiting if a.id not in predicted]
         if not new:
             return
@@ -529,6 +562,12 @@ class StartEstimates:
             at = starts.get(a.id)
             if at is not None:
                 predicted[a.id] = (a.queue, at)
+
+
+def _median(xs: Sequence[float]) -> float:
+    ordered = sorted(xs)
+    n = len(ordered)
+    return (ordered[n // 2] + ordered[(n - 1) // 2]) / 2 if n else 0.0
 
 
 def fleet_gauges(fleet: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -327,8 +327,10 @@ async def _waiting_view(
         out.update(position=ids.index(action_id) + 1, of=len(ids))
     f = run_forecast(sched, now, default_runtime=default_runtime)
     start = f.starts.get(action_id)
+    p50 = None if start is None else max(0.0, start - now)
     out.update(
-        starts_in_s=None if start is None else max(0.0, start - now),
+        starts_in_s=p50,
+        starts_in_p90_s=await hw.start_p90(client, cfg.tenant, a.queue, p50),
         forecast_cluster=f.clusters.get(action_id),
     )
     return out
@@ -391,6 +393,8 @@ def _render(v: dict[str, Any], max_events: int) -> str:
                 else:
                     where = f" on {w['forecast_cluster']}" if w.get("forecast_cluster") else ""
                     starts = f"~{duration(w['starts_in_s'])}{where} (forecast by estimates)"
+                    if w.get("starts_in_p90_s") is not None:
+                        starts += f"; p90 {duration(w['starts_in_p90_s'])}"
                 b.field("Starts in", starts, 2)
             for i, u in enumerate(w.get("unblock") or []):
                 b.field("Unblock" if i == 0 else "", wall_times(str(u)), 2)

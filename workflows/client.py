@@ -1022,14 +1022,25 @@ async def cancel_action(
     return CancelOutcome(action_id, before, True, result, result.cluster or cluster)
 
 
+async def tell_start_estimates(
+    client: Client, tenant: str, scores: dict[str, dict[str, Any]]
+) -> None:
+    """Hand the tenant's scheduler the scores of its queues' start estimates."""
+    from headway.workflows.scheduler import START_ESTIMATES_SIGNAL
+
+    h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    await h.signal(START_ESTIMATES_SIGNAL, scores)
+
+
 async def start_estimate(
     client: Client, tenant: str, action_id: str, default_runtime: float = 3600.0
 ) -> dict[str, Any] | None:
     """Where a waiting action stands: ``{"position", "of", "queue", "starts_in_s",
-    "cluster"}`` (its place in its queue, 1 next; its forecast start in seconds from now,
-    None when not within the forecast, and where), from the scheduler's state run forward
-    on a copy (``headway.scheduler.insight.forecast``). None: it is not waiting in the
-    scheduler's window (running, ended, or queued in the store behind the window)."""
+    "starts_in_p90_s", "cluster"}`` (its place in its queue, 1 next; its forecast start
+    in seconds from now, None when not within the forecast, and where; the p90 adds its
+    queue's scored lateness, None until some were scored), from the scheduler's state run
+    forward on a copy (``headway.scheduler.insight.forecast``). None: it is not waiting
+    in the scheduler's window (running, ended, or queued in the store behind the window)."""
     from headway.scheduler import Scheduler
     from headway.scheduler.insight import forecast
 
@@ -1042,13 +1053,27 @@ async def start_estimate(
     ids = [w.id for w in q.waiting]
     f = forecast(sched, now, default_runtime=default_runtime)
     at = f.starts.get(action_id)
+    p50 = None if at is None else max(0.0, at - now)
     return {
         "queue": a.queue,
         "position": ids.index(action_id) + 1 if action_id in ids else None,
         "of": len(ids),
-        "starts_in_s": None if at is None else max(0.0, at - now),
+        "starts_in_s": p50,
+        "starts_in_p90_s": await start_p90(client, tenant, a.queue, p50),
         "cluster": f.clusters.get(action_id),
     }
+
+
+async def start_p90(client: Client, tenant: str, queue: str, p50: float | None) -> float | None:
+    """The p90 start: the forecast plus how late its queue's actions started against
+    theirs, at the 90th percentile (as the control plane scored them); None before any
+    was scored."""
+    if p50 is None:
+        return None
+    scores = ((await get_queues(client, tenant)).get(queue) or {}).get("start_estimates")
+    if not scores:
+        return None
+    return p50 + float(scores["p90_margin_s"])
 
 
 async def get_snapshot(client: Client, tenant: str) -> dict[str, Any]:

@@ -235,6 +235,33 @@ def test_a_scripted_run_is_visible_in_the_scrape(live: Live) -> None:
         return n if n is not None and n >= 2 else None
 
     assert eventually(scored, "the start estimates scored") >= 2
+
+    # The scores reach `get queue`, and the next waiting action's p90 with them.
+    def queue_scores() -> dict[str, Any] | None:
+        code, out = hw(live, "get", "queue", "train", "-o", "json")
+        assert code == 0, out
+        est = json.loads(out).get("start_estimates")
+        return est if est and est["scored"] >= 2 else None
+
+    est = eventually(queue_scores, "the start-estimate scores in get queue")
+    assert est["median_abs_error_s"] >= 0 and 0 <= est["within_10min"] <= 1
+    assert est["p90_margin_s"] >= 0
+    for action_id, *flags in (
+        ("filler2", "--gpu", "H100:8", "--replicas", "2", "--duration", "4"),
+        ("gang2", "--gpu", "H100:8", "--replicas", "2", "--duration", "1"),
+    ):
+        code, out = hw(live, "submit", "--queue", "train", "--id", action_id, *flags)
+        assert code == 0, out
+    code, out = hw(live, "describe", "action", "gang2", "-o", "json")
+    assert code == 0, out
+    waiting = json.loads(out)["waiting"]
+    assert waiting["position"] == 1, waiting
+    # p90: the forecast plus the queue's scored lateness (read before and after, in case
+    # another score landed in between).
+    margins = {est["p90_margin_s"], eventually(queue_scores, "the scores again")["p90_margin_s"]}
+    assert waiting["starts_in_p90_s"] is not None, waiting
+    margin = waiting["starts_in_p90_s"] - waiting["starts_in_s"]
+    assert any(abs(margin - m) < 0.01 for m in margins), (waiting, margins)
     assert total(s, "headway_cluster_unknown_capacity", tenant=t, cluster="ghost") == 1
     assert total(s, "headway_cluster_unknown_capacity", tenant=t, cluster="gpu-a") == 0
     assert total(s, "headway_cluster_free", tenant=t, cluster="gpu-a", resource="gpu") is not None
