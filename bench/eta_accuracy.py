@@ -12,7 +12,8 @@ forecast`` does, under two assumptions about when work ends:
   from requested times that ``squeue --start`` gives;
 * ``history``: every job runs for the mean of its user's last two recorded runtimes
   (capped by its requested time; its requested time while the user has none), and a
-  running job past that is expected to run once more as long (capped the same way).
+  running job already past that is expected to run to its requested time (it is not a
+  typical run; its limit is the one bound known).
 
 Both let the copy decide with the requested times, as the real scheduler does: only the
 ends differ. The p90 of ``history`` adds the 90th percentile of the errors of the jobs
@@ -112,16 +113,17 @@ def project(
     target: str,
     runtime: Callable[[str], float],
     started: dict[str, float],
+    jobs: dict[str, Job],
 ) -> float | None:
     """When ``target`` starts if every job runs ``runtime(id)``: the core forward on a copy."""
     sim = Scheduler.from_snapshot(sched.to_snapshot())
     ends: list[tuple[float, int, str]] = []
     for a in sim.actions.values():
         if a.state == "running":
-            rt = runtime(a.id)
-            end = started[a.id] + rt
-            if end <= now:  # past what was expected: once more as long, within its limit
-                end = now + rt
+            end = started[a.id] + runtime(a.id)
+            if end <= now:
+                # Past what was expected, it is not a typical run: it may go to its limit.
+                end = max(now, started[a.id] + jobs[a.id].requested)
             heapq.heappush(ends, (end, a.seq, a.id))
     t = now
     for _ in range(MAX_STEPS):
@@ -171,8 +173,8 @@ def replay(sc: Scenario, jobs: dict[str, Job], samples: int) -> list[dict[str, A
                 continue
             # Expectations as of now: the history is read at the prediction, once per job.
             expected = {a: history.expected(jobs[a]) for a in sched.actions}
-            p50 = project(sched, now, jid, lambda a, e=expected: e[a], started)  # type: ignore[misc]
-            sq = project(sched, now, jid, lambda a: jobs[a].requested, started)
+            p50 = project(sched, now, jid, lambda a, e=expected: e[a], started, jobs)  # type: ignore[misc]
+            sq = project(sched, now, jid, lambda a: jobs[a].requested, started, jobs)
             margin = (
                 known_errors[int(0.9 * (len(known_errors) - 1))] if len(known_errors) >= 20 else 0.0
             )
