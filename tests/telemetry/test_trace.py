@@ -87,6 +87,8 @@ async def plane(temporal_env: WorkflowEnvironment, tmp_path: Path) -> AsyncItera
     finally:
         stop.set()
         await asyncio.gather(*workers, return_exceptions=True)
+        # The rest of the session keeps no in-memory exporter (it would hold every span).
+        telemetry.setup("test", exporter="none")
 
 
 def _trace_of(spans: list[ReadableSpan], root: ReadableSpan) -> list[ReadableSpan]:
