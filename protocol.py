@@ -83,6 +83,9 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
     "HeadwayReason": "Keyword",
     "HeadwayTenant": "Keyword",
     "HeadwayRun": "Keyword",
+    # Every reason the action waited for (or was rejected with), set at admission and
+    # kept once it ended: `HeadwayReasons = 'HeldForGang'` finds finished actions too.
+    "HeadwayReasons": "KeywordList",
 }
 
 

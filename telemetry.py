@@ -2,25 +2,31 @@
 
 The scheduler's decisions are recorded as reasons on the actions; this module turns them
 into metrics per queue and per cluster, so "why isn't my run moving?" and "which team is
-starving?" are answered by the same state machine that schedules the work:
+starving?" are answered by the same state machine that schedules the work. The README's
+table (section Observability) lists every metric with its unit and labels.
 
-* ``headway.admissions`` (counter; tenant, queue, cluster) and ``headway.admission.wait``
-  (histogram, seconds; tenant, queue, cluster, reason: the first reason it waited for);
-* ``headway.reasons`` (counter; tenant, queue, cluster, reason): each distinct reason an
-  admitted action was held back for; ``headway.rejections`` (tenant, queue, reason);
-* ``headway.queue.waiting`` (gauge; tenant, queue, reason), ``headway.queue.running``,
-  ``headway.queue.blocked_head_seconds`` (gauge: how long a head, typically a gang, has
-  been blocking its queue; the signal to move that queue to backfill);
-* ``headway.cluster.free`` (gauge; tenant, cluster, resource) and
-  ``headway.cluster.unknown_capacity`` (1 when a cluster reports no capacity);
-* ``headway.action.events`` (counter; cluster, kind: Scheduled, Running, OOMKilled,
-  Preempted, ...) and ``headway.action.event.latency`` (histogram, seconds from the
-  informer seeing it to the action's workflow being told): preemption and OOM attribution.
+Where each comes from, and why it is never counted twice:
+
+* per action (admissions, the wait histogram, reasons, rejections): the action workflow,
+  at the moment it hears its admission or its rejection, only when that workflow task is
+  not a replay (``workflow.unsafe.is_replaying``, the same rule Temporal's own
+  ``workflow.metric_meter()`` follows). A worker restart or a cache eviction replays the
+  history without counting again; an action is admitted or rejected once.
+* per queue and cluster (waiting by reason, running, in flight against each quota,
+  depth, blocked heads and gangs, free and unknown capacity, unknown-capacity
+  admissions): the control-plane worker polls each shard scheduler's ``queues`` and
+  ``fleet`` queries (``poll_schedulers``), so a gauge can never disagree with the pass
+  that decides, and the deterministic scheduler workflow emits nothing itself.
+* per pod event (``headway.action.events``, ``headway.action.event.latency``,
+  ``headway.action.retries``): the cluster worker's ``run_action`` activity.
+
+Exports: a Prometheus scrape endpoint (``setup(metrics_port=...)``, env
+``HEADWAY_METRICS_PORT``; ``headway worker ... --metrics-port``), and/or
+``HEADWAY_OTEL_EXPORTER=console`` (stderr) or ``otlp`` (the ``otlp`` extra:
+``pip install 'headway[otlp]'``); tests pass their own in-memory readers.
 
 Traces come from Temporal's OpenTelemetry interceptor: each action's submit, workflow,
-activities and signals form one trace. Nothing is exported unless asked:
-``HEADWAY_OTEL_EXPORTER=console`` prints to stderr; ``otlp`` uses the OTLP exporter if
-``opentelemetry-exporter-otlp`` is installed; tests pass their own in-memory readers.
+activities and signals form one trace.
 """
 
 from __future__ import annotations
@@ -46,9 +52,44 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-__all__ = ["Telemetry", "fleet_gauges", "get", "interceptors", "poll_schedulers", "setup"]
+__all__ = [
+    "METRICS_INTERVAL_ENV",
+    "METRICS_PORT_ENV",
+    "Telemetry",
+    "fleet_gauges",
+    "flush",
+    "get",
+    "interceptors",
+    "metrics_interval",
+    "poll_schedulers",
+    "setup",
+    "tracer",
+]
 
 log = logging.getLogger(__name__)
+
+#: The Prometheus scrape port of a worker (``--metrics-port``); unset: no endpoint.
+METRICS_PORT_ENV = "HEADWAY_METRICS_PORT"
+#: Seconds between two polls of the schedulers' queries for the queue and cluster gauges.
+METRICS_INTERVAL_ENV = "HEADWAY_METRICS_INTERVAL_S"
+DEFAULT_METRICS_INTERVAL_S = 10.0
+#: One warning per cluster per this many seconds about admissions to unknown capacity.
+UNKNOWN_WARN_EVERY_S = 3600.0
+
+#: Waits run from milliseconds (room free) to days (a backfill queue): seconds.
+WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+#: Start-estimate errors: 10 minutes (600 s) is a boundary, a figure of the ETA bench.
+ETA_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200, 86400)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+#: Queue usage keys (the scheduler's ``queues`` query) -> (resource label, scale to the
+#: exported unit: CPU in cores, memory and storage in bytes, GPUs in devices).
+_RESOURCES = {
+    "cpu_m": ("cpu", 0.001),
+    "memory": ("memory", 1.0),
+    "ephemeral_storage": ("ephemeral_storage", 1.0),
+    "gpu": ("gpu", 1.0),
+}
 
 _lock = threading.Lock()
 _current: Telemetry | None = None
@@ -60,20 +101,26 @@ class Telemetry:
     def __init__(self, provider: MeterProvider, tracer_provider: TracerProvider | None) -> None:
         self.provider = provider
         self.tracer_provider = tracer_provider
+        #: ``http://HOST:PORT/metrics`` when this process serves a scrape endpoint.
+        self.metrics_address: str | None = None
+        self._server: Any = None
         m = provider.get_meter("headway")
         self.admissions = m.create_counter(
             "headway.admissions", unit="{action}", description="Actions admitted"
         )
         self.wait = m.create_histogram(
-            "headway.admission.wait", unit="s", description="Enqueue to admission"
+            "headway.admission.wait",
+            unit="s",
+            description="Submission to admission, by the first reason the action waited for",
+            explicit_bucket_boundaries_advisory=WAIT_BUCKETS,
         )
         self.reasons = m.create_counter(
             "headway.reasons",
             unit="{action}",
-            description="Distinct reasons admitted actions were held back for",
+            description="Distinct reasons admitted actions were held back for (once each)",
         )
         self.rejections = m.create_counter(
-            "headway.rejections", unit="{action}", description="Actions rejected at submission"
+            "headway.rejections", unit="{action}", description="Actions rejected, by reason"
         )
         self.events = m.create_counter(
             "headway.action.events", unit="{event}", description="Informer events per kind"
@@ -82,18 +129,73 @@ class Telemetry:
             "headway.action.event.latency",
             unit="s",
             description="Informer observation to the action workflow being told",
+            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+        )
+        self.retries = m.create_counter(
+            "headway.action.retries",
+            unit="{attempt}",
+            description="run_action attempts after the first (a worker lost mid-action)",
+        )
+        self.eta_error = m.create_histogram(
+            "headway.start_estimate.error",
+            unit="s",
+            description="How far an action's forecast start (made when the control plane"
+            " first saw it waiting) was from its actual start",
+            explicit_bucket_boundaries_advisory=ETA_BUCKETS,
         )
         self._stats: dict[str, dict[str, dict[str, Any]]] = {}
         self._fleet: dict[str, dict[str, Any]] = {}
         self._blocked_since: dict[tuple[str, str, str], float] = {}
+        # Unknown-capacity admissions per (tenant, cluster): the scheduler's count, and
+        # what this process has seen of it across scheduler restarts (a count that went
+        # down started again from 0).
+        self._unknown_seen: dict[tuple[str, str], int] = {}
+        self._unknown_total: dict[tuple[str, str], int] = {}
+        self._unknown_warned: dict[tuple[str, str], float] = {}
         m.create_observable_gauge("headway.queue.waiting", [self._observe_waiting], unit="{action}")
         m.create_observable_gauge("headway.queue.running", [self._observe_running], unit="{action}")
         m.create_observable_gauge(
+            "headway.queue.in_flight",
+            [self._observe_in_flight],
+            description="Resources the queue's running actions hold (cpu cores, bytes, GPUs)",
+        )
+        m.create_observable_gauge(
+            "headway.queue.quota",
+            [self._observe_quota],
+            description="The queue's max_resources, per resource set (cpu cores, bytes, GPUs)",
+        )
+        m.create_observable_gauge(
+            "headway.queue.depth.used",
+            [self._observe_depth_used],
+            unit="{action}",
+            description="Waiting plus running actions in the scheduler's window",
+        )
+        m.create_observable_gauge(
+            "headway.queue.depth.limit",
+            [self._observe_depth_limit],
+            unit="{action}",
+            description="The queue's depth, when set",
+        )
+        m.create_observable_gauge(
             "headway.queue.blocked_head_seconds", [self._observe_blocked], unit="s"
+        )
+        m.create_observable_gauge(
+            "headway.queue.blocked_gang",
+            [self._observe_blocked_gang],
+            unit="{pod}",
+            description="Pods of a gang blocking the head of its queue (absent: none)",
         )
         m.create_observable_gauge("headway.cluster.free", [self._observe_free])
         m.create_observable_gauge(
-            "headway.cluster.unknown_capacity", [self._observe_unknown], unit="1"
+            "headway.cluster.unknown_capacity",
+            [self._observe_unknown],
+            description="1 while a cluster has reported no capacity (unknown means open)",
+        )
+        m.create_observable_counter(
+            "headway.cluster.unknown_capacity.admissions",
+            [self._observe_unknown_admissions],
+            unit="{action}",
+            description="Actions admitted to a cluster whose capacity was unknown",
         )
 
     # --- recording ---------------------------------------------------------------------
@@ -106,13 +208,14 @@ class Telemetry:
         wait_s: float | None,
         reasons: Sequence[str],
     ) -> None:
+        """One admitted action: counted, its wait observed, each distinct reason once."""
         attrs = {"tenant": tenant, "queue": queue, "cluster": cluster}
         self.admissions.add(1, attrs)
         if wait_s is not None:
             self.wait.record(
                 max(0.0, wait_s), {**attrs, "reason": reasons[0] if reasons else "None"}
             )
-        for r in reasons:
+        for r in dict.fromkeys(reasons):
             self.reasons.add(1, {**attrs, "reason": r})
 
     def record_rejection(self, tenant: str, queue: str, reason: str) -> None:
@@ -124,6 +227,13 @@ class Telemetry:
             self.event_latency.record(
                 max(0.0, time.time() - observed_at), {"cluster": cluster, "kind": kind}
             )
+
+    def record_start_estimate(self, tenant: str, queue: str, error_s: float) -> None:
+        """An action started ``error_s`` after (negative: before) its forecast start."""
+        self.eta_error.record(abs(error_s), {"tenant": tenant, "queue": queue})
+
+    def record_retry(self, cluster: str) -> None:
+        self.retries.add(1, {"cluster": cluster})
 
     def update_queue_stats(
         self, tenant: str, stats: Mapping[str, Mapping[str, Any]], now: float | None = None
@@ -142,32 +252,103 @@ class Telemetry:
             del self._blocked_since[key]
 
     def update_fleet(self, tenant: str, fleet: Mapping[str, Any]) -> None:
-        """Take the scheduler's ``fleet`` query: per cluster, free capacity or unknown."""
+        """Take the scheduler's ``fleet`` query: per cluster, free capacity or unknown,
+        and how many actions it admitted to a cluster of unknown capacity."""
         self._fleet[tenant] = dict(fleet)
+        now = time.monotonic()
+        for cluster, info in fleet.items():
+            count = int(info.get("unknown_admissions", 0)) if isinstance(info, Mapping) else 0
+            key = (tenant, cluster)
+            seen = self._unknown_seen.get(key, 0)
+            new = count - seen if count >= seen else count  # the scheduler started afresh
+            self._unknown_seen[key] = count
+            if new <= 0:
+                continue
+            self._unknown_total[key] = self._unknown_total.get(key, 0) + new
+            last = self._unknown_warned.get(key)
+            if last is None or now - last >= UNKNOWN_WARN_EVERY_S:
+                self._unknown_warned[key] = now
+                # Nobody can see a cluster's real room when it reports none: the work
+                # went there on trust ("unknown means open"). Once an hour per cluster.
+                log.warning(
+                    "tenant %s: %d action(s) admitted to cluster %s with unknown capacity"
+                    " (it reported no nodes; %d so far): check its cluster worker",
+                    tenant,
+                    new,
+                    cluster,
+                    self._unknown_total[key],
+                )
 
     # --- observation -------------------------------------------------------------------
 
-    def _observe_waiting(self, _: CallbackOptions) -> Iterable[Observation]:
+    def _queues(self) -> Iterable[tuple[str, str, dict[str, Any]]]:
         for tenant, qs in self._stats.items():
             for q, st in qs.items():
-                by = st.get("waiting_by_reason") or {}
-                for reason, n in by.items():
-                    yield Observation(n, {"tenant": tenant, "queue": q, "reason": reason})
-                rest = int(st.get("waiting", 0)) - sum(by.values())
-                if rest > 0 or not by:
-                    yield Observation(
-                        max(rest, 0), {"tenant": tenant, "queue": q, "reason": "None"}
-                    )
+                yield tenant, q, st
+
+    def _observe_waiting(self, _: CallbackOptions) -> Iterable[Observation]:
+        for tenant, q, st in self._queues():
+            by = st.get("waiting_by_reason") or {}
+            for reason, n in by.items():
+                yield Observation(n, {"tenant": tenant, "queue": q, "reason": reason})
+            rest = int(st.get("waiting", 0)) - sum(by.values())
+            if rest > 0 or not by:
+                yield Observation(max(rest, 0), {"tenant": tenant, "queue": q, "reason": "None"})
 
     def _observe_running(self, _: CallbackOptions) -> Iterable[Observation]:
-        for tenant, qs in self._stats.items():
-            for q, st in qs.items():
-                yield Observation(int(st.get("running", 0)), {"tenant": tenant, "queue": q})
+        for tenant, q, st in self._queues():
+            yield Observation(int(st.get("running", 0)), {"tenant": tenant, "queue": q})
+
+    def _observe_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
+        for tenant, q, st in self._queues():
+            usage = st.get("usage") or {}
+            for key, (res, scale) in _RESOURCES.items():
+                yield Observation(
+                    usage.get(key, 0) * scale, {"tenant": tenant, "queue": q, "resource": res}
+                )
+
+    def _observe_quota(self, _: CallbackOptions) -> Iterable[Observation]:
+        from headway.scheduler.model import QueueSpec
+
+        for tenant, q, st in self._queues():
+            try:
+                quota = QueueSpec.from_dict(st["spec"]).max_resources
+            except (KeyError, TypeError, ValueError):  # a spec this version cannot read
+                continue
+            if quota is None:
+                continue
+            for res, value, scale in (
+                ("cpu", quota.cpu, 0.001),
+                ("memory", quota.memory, 1.0),
+                ("ephemeral_storage", quota.eph, 1.0),
+                ("gpu", quota.gpu, 1.0),
+            ):
+                if value is not None:
+                    yield Observation(
+                        value * scale, {"tenant": tenant, "queue": q, "resource": res}
+                    )
+
+    def _observe_depth_used(self, _: CallbackOptions) -> Iterable[Observation]:
+        for tenant, q, st in self._queues():
+            used = int(st.get("waiting", 0)) + int(st.get("running", 0))
+            yield Observation(used, {"tenant": tenant, "queue": q})
+
+    def _observe_depth_limit(self, _: CallbackOptions) -> Iterable[Observation]:
+        for tenant, q, st in self._queues():
+            depth = (st.get("spec") or {}).get("depth")
+            if depth is not None:
+                yield Observation(int(depth), {"tenant": tenant, "queue": q})
 
     def _observe_blocked(self, _: CallbackOptions) -> Iterable[Observation]:
         now = time.time()
         for (tenant, q, head), since in self._blocked_since.items():
             yield Observation(now - since, {"tenant": tenant, "queue": q, "head": head})
+
+    def _observe_blocked_gang(self, _: CallbackOptions) -> Iterable[Observation]:
+        for tenant, q, st in self._queues():
+            head, pods = st.get("blocked_head"), int(st.get("blocked_head_pods") or 0)
+            if head and pods > 1:
+                yield Observation(pods, {"tenant": tenant, "queue": q, "head": str(head)})
 
     def _observe_free(self, _: CallbackOptions) -> Iterable[Observation]:
         for tenant, fleet in self._fleet.items():
@@ -184,15 +365,42 @@ class Telemetry:
                 known = info.get("known", True) if isinstance(info, Mapping) else True
                 yield Observation(0 if known else 1, {"tenant": tenant, "cluster": cluster})
 
+    def _observe_unknown_admissions(self, _: CallbackOptions) -> Iterable[Observation]:
+        for (tenant, cluster), n in self._unknown_total.items():
+            yield Observation(n, {"tenant": tenant, "cluster": cluster})
+
+    def shutdown(self) -> None:
+        """Stop the scrape endpoint, if any (tests set up more than once per process)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def metrics_interval() -> float:
+    """``$HEADWAY_METRICS_INTERVAL_S`` (default 10): seconds between scheduler polls."""
+    raw = os.environ.get(METRICS_INTERVAL_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_METRICS_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{METRICS_INTERVAL_ENV}: {raw!r} is not a positive number of seconds")
+    return value
+
 
 async def poll_schedulers(
     client: Any,
     *,
     tenants: Sequence[str] = (),
-    interval_s: float = 10.0,
+    interval_s: float = DEFAULT_METRICS_INTERVAL_S,
     stop: asyncio.Event | None = None,
+    tell_reasons: bool = True,
 ) -> None:
-    """Feed the queue and cluster gauges from each shard scheduler's queries.
+    """Feed the queue and cluster gauges from each shard scheduler's queries, and (with
+    ``tell_reasons``) tell waiting actions their current reason (``WaitingReasons``).
 
     The gauges read the scheduler's own state (its ``queues`` and ``fleet`` queries), so
     a dashboard can never disagree with the pass that decides. ``tenants`` empty: every
@@ -203,6 +411,8 @@ async def poll_schedulers(
 
     stop = stop or asyncio.Event()
     prefix = protocol.scheduler_workflow_id("")
+    tell = WaitingReasons() if tell_reasons else None
+    estimates = StartEstimates()
     while not stop.is_set():
         names = list(tenants)
         if not names:
@@ -220,23 +430,188 @@ async def poll_schedulers(
                 t.update_queue_stats(tenant, await hw.get_queues(client, tenant))
                 fleet = await hw.get_fleet(client, tenant)
                 t.update_fleet(tenant, fleet_gauges(fleet))
+                if tell is not None:
+                    await tell.poll(client, tenant)
+                await estimates.poll(client, tenant, t)
             except Exception as exc:  # a scheduler mid continue-as-new, or gone
                 log.debug("polling scheduler %s failed: %s", tenant, exc)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval_s)
 
 
+class WaitingReasons:
+    """Tells each action that has waited a poll or more its scheduler's current reason
+    (the action workflow's ``REASON_SIGNAL``), once per change, so the Web UI shows what
+    blocks it within two poll intervals. An action admitted before the next poll is told
+    nothing: most never wait that long, and they cost no signal.
+    """
+
+    #: At most this many signals per tenant per poll (the rest go at the next poll).
+    MAX_PER_POLL = 500
+    CONCURRENCY = 8
+
+    def __init__(self) -> None:
+        self._seen: dict[str, dict[str, tuple[str, list[str]]]] = {}
+        self._told: dict[str, dict[str, tuple[str, list[str]]]] = {}
+
+    async def poll(self, client: Any, tenant: str) -> int:
+        """One poll of ``tenant``: returns how many actions were told."""
+        from headway import protocol
+        from headway.workflows import client as hw
+        from headway.workflows.action import REASON_SIGNAL, WaitingReason
+
+        now = await hw.get_waiting_reasons(client, tenant)
+        seen, told = self._seen.get(tenant, {}), self._told.setdefault(tenant, {})
+        self._seen[tenant] = now
+        for gone in [a for a in told if a not in now]:
+            del told[gone]
+        due = [a for a, note in now.items() if a in seen and told.get(a) != note]
+        due = due[: self.MAX_PER_POLL]
+        sem = asyncio.Semaphore(self.CONCURRENCY)
+
+        async def tell(action_id: str) -> None:
+            reason, reasons = now[action_id]
+            handle = client.get_workflow_handle(protocol.action_workflow_id(tenant, action_id))
+            async with sem:
+                try:
+                    await handle.signal(REASON_SIGNAL, WaitingReason(reason, reasons))
+                except Exception as exc:  # ended meanwhile; told again next poll if not
+                    log.debug("telling %s its reason failed: %s", action_id, exc)
+                    return
+            told[action_id] = (reason, reasons)
+
+        await asyncio.gather(*(tell(a) for a in due))
+        return len(due)
+
+
+class StartEstimates:
+    """Scores start estimates: each waiting action's start, as forecast when the control
+    plane first sees it (``headway.scheduler.insight.forecast``, the core run forward on
+    a copy of the scheduler's snapshot), against the start the scheduler then gave it
+    (``headway.start_estimate.error``). An action seen waiting and then running is
+    scored; one that started and ended between two polls is not.
+    """
+
+    #: No snapshot nor forecast over more waiting actions than this per tenant and poll
+    #: (its CPU is the control plane worker's): nothing is scored while it is deeper.
+    MAX_WAITING = 2000
+
+    #: Errors kept per queue for its scores (the most recent).
+    KEEP = 200
+
+    def __init__(self) -> None:
+        self._predicted: dict[str, dict[str, tuple[str, float]]] = {}
+        # Per tenant and queue: the latest errors, actual start - forecast start (s).
+        self._errors: dict[str, dict[str, list[float]]] = {}
+
+    def scores(self, tenant: str) -> dict[str, dict[str, Any]]:
+        """Per queue: how many were scored (of the latest ``KEEP``), the median absolute
+        error, the share within 10 minutes, and ``p90_margin_s``: how much later than
+        its forecast an action started, at the 90th percentile (the p90 start is the
+        forecast plus it)."""
+        out: dict[str, dict[str, Any]] = {}
+        for queue, errs in self._errors.get(tenant, {}).items():
+            late = sorted(errs)
+            out[queue] = {
+                "scored": len(errs),
+                "median_abs_error_s": round(_median([abs(e) for e in errs]), 1),
+                "within_10min": round(sum(abs(e) <= 600 for e in errs) / len(errs), 3),
+                "p90_margin_s": round(max(0.0, late[int(0.9 * (len(late) - 1))]), 1),
+            }
+        return out
+
+    def _score(self, tenant: str, queue: str, error_s: float) -> None:
+        errs = self._errors.setdefault(tenant, {}).setdefault(queue, [])
+        errs.append(error_s)
+        del errs[: -self.KEEP]
+
+    async def poll(self, client: Any, tenant: str, t: Telemetry) -> None:
+        from headway.scheduler import Scheduler
+        from headway.scheduler.insight import forecast
+        from headway.workflows import client as hw
+
+        predicted = self._predicted.setdefault(tenant, {})
+        waiting = sum(int(st.get("waiting", 0)) for st in t._stats.get(tenant, {}).values())
+        if not waiting and not predicted:
+            return  # nothing to forecast nor to score: no snapshot asked for
+        if waiting > self.MAX_WAITING:
+            # A backlog this deep: its snapshot is large and its forecast costly; what
+            # was predicted goes unscored rather than hold the poll up.
+            predicted.clear()
+            return
+        data = await hw.get_snapshot(client, tenant)
+        sched, now = Scheduler.from_snapshot(data["snapshot"]), float(data["now"])
+        scored = False
+        for action_id, (queue, start) in list(predicted.items()):
+            a = sched.actions.get(action_id)
+            if a is None or a.state != "waiting":
+                del predicted[action_id]
+            if a is not None and a.state == "running":
+                t.record_start_estimate(tenant, queue, a.start - start)
+                self._score(tenant, queue, a.start - start)
+                scored = True
+        if scored:
+            # The scores go to the tenant's scheduler, which shows them (``get queue``,
+            # the p90 of ``describe action`` and the SDK's ``eta``).
+            await hw.tell_start_estimates(client, tenant, self.scores(tenant))
+        new = [a for q in sched.queues.values() for a in q.waiting if a.id not in predicted]
+        if not new:
+            return
+        starts = forecast(sched, now).starts
+        for a in new:
+            at = starts.get(a.id)
+            if at is not None:
+                predicted[a.id] = (a.queue, at)
+
+
+def _median(xs: Sequence[float]) -> float:
+    ordered = sorted(xs)
+    n = len(ordered)
+    return (ordered[n // 2] + ordered[(n - 1) // 2]) / 2 if n else 0.0
+
+
 def fleet_gauges(fleet: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The scheduler's ``fleet`` query reshaped for ``update_fleet``."""
+    """The scheduler's ``fleet`` query reshaped for ``update_fleet``: every cluster of the
+    fleet. Known or not as the scheduler sees it: its last report, else its fleet entry
+    (a cluster that does not report capacity is unknown until it does)."""
     out: dict[str, dict[str, Any]] = {}
-    for name, cap in (fleet.get("capacity") or {}).items():
+    capacity = fleet.get("capacity") or {}
+    declared = {
+        str(c.get("name")): bool(c.get("reports_capacity", True))
+        for c in fleet.get("fleet") or ()
+        if isinstance(c, Mapping)
+    }
+    unknown_admissions = fleet.get("unknown_capacity_admissions") or {}
+    names = set(fleet.get("clusters") or ()) | set(capacity) | set(unknown_admissions)
+    for name in sorted(names):
+        cap = capacity.get(name)
+        known = bool(cap.get("known", True)) if cap is not None else declared.get(name, True)
         out[name] = {
-            "known": bool(cap.get("known", True)),
-            "free": {"gpu": cap.get("free_gpu", 0), "cpu_m": cap.get("free_cpu_m", 0)}
-            if cap.get("known", True)
+            "known": known,
+            # CPU in cores, as in the queue gauges.
+            "free": {"gpu": cap.get("free_gpu", 0), "cpu": cap.get("free_cpu_m", 0) / 1000}
+            if known and cap is not None
             else None,
+            "unknown_admissions": int(unknown_admissions.get(name, 0)),
         }
     return out
+
+
+def _prometheus_reader(port: int, host: str) -> tuple[MetricReader, Any, str]:
+    """A Prometheus reader on a registry of its own, served on ``host:port``."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=True)
+    reader = PrometheusMetricReader(registry=registry)
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ValueError(
+            f"--metrics-port: cannot serve metrics on {host}:{port} ({exc.strerror or exc})"
+        ) from exc
+    shown = "localhost" if host in ("0.0.0.0", "::", "") else host
+    return reader, server, f"http://{shown}:{server.server_port}/metrics"
 
 
 def setup(
@@ -245,6 +620,8 @@ def setup(
     readers: Sequence[MetricReader] = (),
     span_processors: Sequence[SpanProcessor] = (),
     exporter: str | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "0.0.0.0",
 ) -> Telemetry:
     """Install Headway's meter and tracer providers for this process (idempotent per call).
 
@@ -253,6 +630,12 @@ def setup(
         readers: extra metric readers (tests pass an ``InMemoryMetricReader``).
         span_processors: extra span processors.
         exporter: ``console``, ``otlp`` or ``none``; default ``$HEADWAY_OTEL_EXPORTER``.
+        metrics_port: serve a Prometheus scrape endpoint (``/metrics``) on this port (0:
+            any free one; the address is ``Telemetry.metrics_address``); None: none.
+        metrics_host: the address the endpoint listens on.
+
+    Raises:
+        ValueError: a bad exporter, or a port that cannot be served (in use).
     """
     global _current
     exporter = (exporter or os.environ.get("HEADWAY_OTEL_EXPORTER") or "none").lower()
@@ -274,26 +657,58 @@ def setup(
             )
         except ImportError as exc:
             raise ValueError(
-                "HEADWAY_OTEL_EXPORTER: 'otlp' needs the opentelemetry-exporter-otlp package"
+                "HEADWAY_OTEL_EXPORTER: 'otlp' needs the otlp extra (pip install 'headway[otlp]')"
             ) from exc
         all_readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
         processors.append(BatchSpanProcessor(OTLPSpanExporter()))
+    with _lock:
+        if _current is not None:
+            _current.shutdown()  # its port is freed before a new one is bound
+    server: Any = None
+    address: str | None = None
+    if metrics_port is not None:
+        reader, server, address = _prometheus_reader(metrics_port, metrics_host)
+        all_readers.append(reader)
     provider = MeterProvider(resource=resource, metric_readers=all_readers)
     tracer_provider = TracerProvider(resource=resource)
     for p in processors:
         tracer_provider.add_span_processor(p)
     with _lock:
         _current = Telemetry(provider, tracer_provider)
+        _current._server, _current.metrics_address = server, address
     return _current
 
 
 def get() -> Telemetry:
-    """The process's telemetry; a no-export default if ``setup`` was never called."""
+    """The process's telemetry. ``setup`` never called (the CLI, an SDK program): a tracer
+    provider all the same, so the trace an action starts here carries a real context to
+    the workers (a no-op tracer would start none), exported as $HEADWAY_OTEL_EXPORTER
+    says; metrics go nowhere."""
     global _current
     with _lock:
         if _current is None:
-            _current = Telemetry(MeterProvider(), None)
+            tracer_provider = TracerProvider(
+                resource=Resource.create({"service.name": "headway-client"})
+            )
+            exporter = (os.environ.get("HEADWAY_OTEL_EXPORTER") or "none").lower()
+            if exporter == "console":
+                tracer_provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+            _current = Telemetry(MeterProvider(), tracer_provider)
         return _current
+
+
+def flush(timeout_ms: int = 5000) -> None:
+    """Export what is buffered now (a process leaving by ``os._exit`` runs no atexit)."""
+    with _lock:
+        t = _current
+    if t is not None and t.tracer_provider is not None:
+        t.tracer_provider.force_flush(timeout_ms)
+
+
+def tracer() -> trace.Tracer:
+    """Headway's tracer on the process's provider (for spans of its own: submit, pods)."""
+    t = get()
+    return (t.tracer_provider or trace.get_tracer_provider()).get_tracer("headway")
 
 
 def interceptors() -> list[Any]:
@@ -303,6 +718,4 @@ def interceptors() -> list[Any]:
     """
     from temporalio.contrib.opentelemetry import TracingInterceptor
 
-    t = get()
-    tracer = (t.tracer_provider or trace.get_tracer_provider()).get_tracer("headway")
-    return [TracingInterceptor(tracer)]
+    return [TracingInterceptor(tracer())]

@@ -266,6 +266,14 @@ class ClusterActivities:
 
     async def _signal(self, workflow_id: str, event: ActionEvent) -> bool:
         """Signal ``event`` to the action's workflow; whether the server recorded it."""
+        # A span of the action's trace (this activity's context): what the informer saw.
+        with telemetry.tracer().start_as_current_span(
+            f"informer {event.kind}",
+            attributes={"headway.cluster": event.cluster, "headway.event": str(event.kind)},
+        ):
+            return await self._signal_now(workflow_id, event)
+
+    async def _signal_now(self, workflow_id: str, event: ActionEvent) -> bool:
         try:
             if self._signaler is not None:
                 await self._signaler(workflow_id, event)
@@ -303,6 +311,9 @@ class ClusterActivities:
         dispatch = dispatch_key(info)
         retried = info.attempt > 1 or bool(info.heartbeat_details)
         prior = PriorAttempt.parse(info.heartbeat_details) if retried else PriorAttempt()
+        if info.attempt > 1:
+            # A retry: the worker running an earlier attempt was lost (or timed out).
+            telemetry.get().record_retry(req.cluster)
         # Subscribe before creating, so no event can fall between creation and listening.
         with self.backend.subscribe() as queue:
             heartbeat: asyncio.Task[None] | None = None
@@ -317,9 +328,13 @@ class ClusterActivities:
                         req.action_id,
                         info.attempt,
                     )
-                names = await self.backend.create_pods(
-                    req, dispatch=dispatch, adopt_only=adopt_only
-                )
+                with telemetry.tracer().start_as_current_span(
+                    f"{'adopt' if adopt_only else 'create'} {len(req.pods)} pods on {req.cluster}",
+                    attributes={"headway.cluster": req.cluster, "headway.action": req.action_id},
+                ):
+                    names = await self.backend.create_pods(
+                        req, dispatch=dispatch, adopt_only=adopt_only
+                    )
                 tracker = GangTracker(req.action_id, self.backend.name, names, dispatch=dispatch)
                 for name, note in prior.pods.items():
                     if note.node:

@@ -39,7 +39,7 @@ async def start_server(metrics_port: int | None = None) -> WorkflowEnvironment:
     ``metrics_port``: serve the server's Prometheus metrics there (``/metrics``).
     """
     from headway import protocol
-    from temporalio.common import SearchAttributeKey
+    from headway.workflows.action import SEARCH_ATTRIBUTE_KEYS
     from temporalio.testing import WorkflowEnvironment
 
     extra = [a for kv in protocol.SERVER_DYNAMIC_CONFIG for a in ("--dynamic-config-value", kv)]
@@ -47,7 +47,7 @@ async def start_server(metrics_port: int | None = None) -> WorkflowEnvironment:
         extra += ["--metrics-port", str(metrics_port)]
     return await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(TEMPORAL),
-        search_attributes=[SearchAttributeKey.for_keyword(n) for n in protocol.SEARCH_ATTRIBUTES],
+        search_attributes=SEARCH_ATTRIBUTE_KEYS,
         dev_server_log_level="error",
         dev_server_extra_args=extra,
         data_converter=protocol.data_converter(),

@@ -158,6 +158,7 @@ def running_stack(
     database_url: str | None = None,
     tenant: str = "default",
     server_timeout_s: float = 90.0,
+    metrics_ports: list[int] | None = None,
 ) -> Iterator[Stack]:
     """Start the whole stack, yield it, and stop every process on the way out."""
     fleet = load_fleet(fleet_path)
@@ -175,17 +176,22 @@ def running_stack(
         common = ["--address", address, "--tenant", tenant]
         fleet_args = ["--fleet", str(Path(fleet_path).resolve())] if fleet_path else []
         db_args = ["--database-url", database_url] if database_url else []
+        # Scrape ports: the control plane's first, then one per cluster worker.
+        scrape: list[list[str]] = [["--metrics-port", str(p)] for p in metrics_ports or []]
+        scrape += [[]] * (1 + len(cluster_names(fleet)) - len(scrape))
         stack.spawn(
             "control-plane",
-            _headway(*common, "worker", "control-plane", *fleet_args, *db_args),
+            _headway(*common, "worker", "control-plane", *fleet_args, *db_args, *scrape[0]),
         )
         # The simulated clusters keep their pods in the data directory, so a cluster
         # worker that dies and restarts resumes them instead of losing or rerunning them.
         sim = ["--backend", "sim", "--state-dir", str(data_dir / "sim-state")]
-        for name in cluster_names(fleet):
+        for i, name in enumerate(cluster_names(fleet)):
             stack.spawn(
                 f"cluster-{name}",
-                _headway(*common, "worker", "cluster", "--name", name, *sim, *fleet_args),
+                _headway(
+                    *common, "worker", "cluster", "--name", name, *sim, *fleet_args, *scrape[i + 1]
+                ),
             )
         yield stack
     finally:

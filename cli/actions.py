@@ -35,6 +35,7 @@ from ._output import (
 from .completion import complete_actions, complete_in_flight, complete_queues
 
 if TYPE_CHECKING:
+    from headway.scheduler import Scheduler
     from headway.workflows.client import ActionDetails, ActionRow, CancelOutcome
     from temporalio.client import Client
 
@@ -83,6 +84,7 @@ def _not_found(cfg: Settings, action_id: str) -> click.ClickException:
     show_default=True,
     help="At most this many, newest first (0: all).",
 )
+@runtime_option
 @output_option
 @click.pass_context
 def get_actions(
@@ -91,11 +93,12 @@ def get_actions(
     state: str | None,
     run: str | None,
     limit: int,
+    default_runtime: float,
     output: str,
 ) -> None:
     """List the tenant's actions, newest first (from Temporal's visibility, which lags
-    the actions by a moment; a waiting action's reason is the scheduler's). wide adds
-    the run, start and end times and the workflow."""
+    the actions by a moment; a waiting action's reason, place in its queue and forecast
+    start are the scheduler's). wide adds the run, start and end times and the workflow."""
     cfg = settings(ctx)
     if queue is not None:
         check_name(queue, "--queue")
@@ -119,6 +122,8 @@ def get_actions(
                 a = actions.get(r.action_id)
                 if r.state in ("submitting", "waiting") and a is not None and a.state == "waiting":
                     r.state, r.reason = "waiting", a.last or r.reason
+            if live is not None:
+                _place_waiting(rows, *live, default_runtime)
         return rows
 
     rows = with_client(cfg, go)
@@ -129,7 +134,7 @@ def get_actions(
         return
     headers = ["name", "queue", "state", "reason", "cluster", "age"]
     if output == "wide":
-        headers += ["run", "started", "ended", "workflow"]
+        headers += ["pos", "starts in", "run", "started", "ended", "workflow"]
     table = []
     for r in rows:
         line: list[Any] = [
@@ -141,9 +146,28 @@ def get_actions(
             age(r.started_at),
         ]
         if output == "wide":
-            line += [r.run, iso(r.started_at), iso(r.ended_at), r.workflow_id]
+            starts = duration(r.starts_in_s) if r.starts_in_s is not None else None
+            line += [r.position, starts, r.run, iso(r.started_at), iso(r.ended_at), r.workflow_id]
         table.append(line)
     click.echo(render_table(headers, table))
+
+
+def _place_waiting(
+    rows: list[ActionRow], sched: Scheduler, now: float, default_runtime: float
+) -> None:
+    """Each waiting row's place in its queue and forecast start: one forecast (the core
+    run forward on a copy, as ``describe action``) for every row."""
+    from headway.scheduler.insight import forecast as run_forecast
+
+    waiting = [r for r in rows if r.state == "waiting"]
+    if not waiting:
+        return
+    places = {a.id: i + 1 for q in sched.queues.values() for i, a in enumerate(q.waiting)}
+    starts = run_forecast(sched, now, default_runtime=default_runtime).starts
+    for r in waiting:
+        r.position = places.get(r.action_id)
+        at = starts.get(r.action_id)
+        r.starts_in_s = None if at is None else max(0.0, at - now)
 
 
 # --- describe action ------------------------------------------------------------------------
@@ -303,8 +327,10 @@ async def _waiting_view(
         out.update(position=ids.index(action_id) + 1, of=len(ids))
     f = run_forecast(sched, now, default_runtime=default_runtime)
     start = f.starts.get(action_id)
+    p50 = None if start is None else max(0.0, start - now)
     out.update(
-        starts_in_s=None if start is None else max(0.0, start - now),
+        starts_in_s=p50,
+        starts_in_p90_s=await hw.start_p90(client, cfg.tenant, a.queue, p50),
         forecast_cluster=f.clusters.get(action_id),
     )
     return out
@@ -367,6 +393,8 @@ def _render(v: dict[str, Any], max_events: int) -> str:
                 else:
                     where = f" on {w['forecast_cluster']}" if w.get("forecast_cluster") else ""
                     starts = f"~{duration(w['starts_in_s'])}{where} (forecast by estimates)"
+                    if w.get("starts_in_p90_s") is not None:
+                        starts += f"; p90 {duration(w['starts_in_p90_s'])}"
                 b.field("Starts in", starts, 2)
             for i, u in enumerate(w.get("unblock") or []):
                 b.field("Unblock" if i == 0 else "", wall_times(str(u)), 2)

@@ -146,6 +146,9 @@ def main() -> None:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
+    telemetry = sys.modules.get("headway.telemetry")
+    if telemetry is not None:  # os._exit skips atexit: the submit's spans go out first
+        telemetry.flush()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()

@@ -609,6 +609,9 @@ def queue_view(
         "wait_p95_s": _pct(waits, 0.95),
         "blocked_head": head,
         "backlog_in_store": bool(stats.get("backlog_in_store")),
+        # How good its start estimates were, as the control plane scored them (None
+        # until one was: an action seen waiting, forecast, then seen started).
+        "start_estimates": stats.get("start_estimates"),
         "policy": queue_to_entry(spec),
     }
 
@@ -655,6 +658,13 @@ def _queue_block(v: Mapping[str, Any]) -> Block:
         b.field("Blocked head", f"{head['action']}{why}, waiting {duration(head['waiting_s'])}")
     if v["backlog_in_store"]:
         b.field("Backlog", "more waits in the store beyond the scheduler's window")
+    est = v.get("start_estimates")
+    if est:
+        b.field(
+            "Start estimates",
+            f"{est['scored']} scored: median error {duration(est['median_abs_error_s'])},"
+            f" {est['within_10min']:.0%} within 10m, p90 +{duration(est['p90_margin_s'])}",
+        )
     return b
 
 

@@ -13,7 +13,9 @@ from ._common import (
     DATABASE_URL_ENV,
     cluster_names,
     default_database_url,
+    free_port,
     load_fleet,
+    port_in_use,
     resolve_data_dir,
     settings,
     ui_hint,
@@ -46,6 +48,13 @@ __all__ = ["up"]
     default=None,
     help="The control plane's store. [default: SQLite in the data directory]",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Prometheus scrape port of the control plane; each cluster worker takes the next"
+    " one (0: any free ports). [default: 9464, or free ports when it is taken]",
+)
 @click.pass_context
 def up(
     ctx: click.Context,
@@ -55,6 +64,7 @@ def up(
     ui_port: int,
     headless: bool,
     database_url: str | None,
+    metrics_port: int | None,
 ) -> None:
     """Run a Temporal server, the control plane and one simulated cluster worker per fleet
     cluster, until Ctrl-C (or SIGTERM) stops them all."""
@@ -62,6 +72,7 @@ def up(
     directory = resolve_data_dir(data_dir)
     fleet = load_fleet(fleet_path)
     clusters = cluster_names(fleet)
+    metrics = _metrics_ports(metrics_port, 1 + len(clusters))
     stopping: list[int] = []
     started = False
 
@@ -81,6 +92,7 @@ def up(
             headless=headless,
             database_url=database_url or default_database_url(directory),
             tenant=cfg.tenant,
+            metrics_ports=metrics,
         ) as stack:
             asyncio.run(wait_ready(stack, fleet, tenant=cfg.tenant, namespace=cfg.namespace))
             started = True
@@ -93,6 +105,9 @@ def up(
                 if hint:
                     click.echo(hint, err=True)
             click.echo(f"  workers:  control-plane, {', '.join(clusters)} (sim)", err=True)
+            click.echo(f"  metrics:  http://localhost:{metrics[0]}/metrics", err=True)
+            for name, p in zip(clusters, metrics[1:], strict=True):
+                click.echo(f"            {name}: http://localhost:{p}/metrics", err=True)
             click.echo(f"  logs:     {directory / 'logs'}", err=True)
             click.echo("Ctrl-C stops everything.", err=True)
             while not stopping:
@@ -111,3 +126,25 @@ def up(
         for s, handler in previous.items():
             signal.signal(s, handler)
     click.echo("Stopped.", err=True)
+
+
+#: The control plane's scrape port under ``headway up`` (the Prometheus exporter's usual).
+DEFAULT_METRICS_PORT = 9464
+
+
+def _metrics_ports(given: int | None, count: int) -> list[int]:
+    """``count`` scrape ports from ``given`` on: a port given explicitly must be free; the
+    default steps aside to free ports when taken (a second `up`, a test run)."""
+    if given == 0:
+        return [free_port() for _ in range(count)]
+    base = DEFAULT_METRICS_PORT if given is None else given
+    ports = list(range(base, base + count))
+    taken = [p for p in ports if p > 65535 or port_in_use(p, "0.0.0.0")]
+    if not taken:
+        return ports
+    if given is not None:
+        raise click.ClickException(
+            f"port {taken[0]} (--metrics-port {given}, one per worker from there) is already"
+            " in use: pass --metrics-port with a free range, or 0 for any free ports."
+        )
+    return [free_port() for _ in range(count)]

@@ -68,6 +68,37 @@ _fleet_option = click.option(
 )
 
 
+_metrics_port_option = click.option(
+    "--metrics-port",
+    "metrics_port",
+    envvar="HEADWAY_METRICS_PORT",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on http://0.0.0.0:PORT/metrics (0: any free port; the"
+    " ready line says which). [env HEADWAY_METRICS_PORT; default: no endpoint]",
+)
+
+
+def _setup_telemetry(service: str, port: int | None) -> str:
+    """Install the process's telemetry; the scrape address for the ready line ('' none)."""
+    from headway import telemetry
+
+    try:
+        t = telemetry.setup(service, metrics_port=port)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return f", metrics {t.metrics_address}" if t.metrics_address else ""
+
+
+def _metrics_interval() -> float:
+    from headway import telemetry
+
+    try:
+        return telemetry.metrics_interval()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @worker.command("control-plane")
 @_fleet_option
 @click.option(
@@ -105,6 +136,7 @@ _fleet_option = click.option(
     help="How long the record of a finished action is kept for `headway export workload`"
     " and `headway review` (7d, 12h, or forever). [env HEADWAY_HISTORY_RETENTION]",
 )
+@_metrics_port_option
 @click.pass_context
 def control_plane(
     ctx: click.Context,
@@ -113,6 +145,7 @@ def control_plane(
     admit_wait_s: float | None,
     contended_rate: float,
     history_retention: str,
+    metrics_port: int | None,
 ) -> None:
     """The control plane: shard schedulers, action workflows and their activities."""
     from headway.store.history import history_retention as parse_retention
@@ -128,20 +161,23 @@ def control_plane(
     from headway import telemetry
     from headway.worker.control_plane import run_control_plane_worker
 
-    telemetry.setup("headway-control-plane")
+    interval_s = _metrics_interval()
+    metrics = _setup_telemetry("headway-control-plane", metrics_port)
 
     def ready(tenants: list[str]) -> None:
         click.echo(
             f"control-plane worker ready: Temporal {cfg.address} (namespace {cfg.namespace}),"
             f" task queue {protocol.CONTROL_TASK_QUEUE}, schedulers of"
-            f" {', '.join(tenants) or 'no tenant yet'}",
+            f" {', '.join(tenants) or 'no tenant yet'}{metrics}",
             err=True,
         )
 
     async def body(client: Client, stop: asyncio.Event) -> None:
         # The gauges (waiting by reason, blocked heads, free capacity) come from the
         # schedulers' own queries, polled beside the worker.
-        poller = asyncio.create_task(telemetry.poll_schedulers(client, stop=stop))
+        poller = asyncio.create_task(
+            telemetry.poll_schedulers(client, interval_s=interval_s, stop=stop)
+        )
         try:
             await run_control_plane_worker(
                 client,
@@ -204,6 +240,7 @@ def control_plane(
     "gets the same capacity, every pod counted). [env HEADWAY_WORKER_TENANTS; default: "
     "--tenant]",
 )
+@_metrics_port_option
 @click.pass_context
 def cluster(
     ctx: click.Context,
@@ -216,6 +253,7 @@ def cluster(
     time_scale: float | None,
     state_dir: str | None,
     serve_tenants: tuple[str, ...],
+    metrics_port: int | None,
 ) -> None:
     """A cluster worker: dials out to Temporal and runs admitted actions' pods.
 
@@ -225,10 +263,7 @@ def cluster(
     tenants = list(dict.fromkeys(check_name(t, "--serve-tenant") for t in serve_tenants))
     tenants = tenants or [cfg.tenant]
     entry = fleet_cluster(load_fleet(fleet_path), name)
-    from headway import telemetry
     from headway.worker.cluster import make_backend, run_cluster_worker
-
-    telemetry.setup(f"headway-cluster-{name}")
 
     given = {
         "kubeconfig": kubeconfig,
@@ -260,11 +295,14 @@ def cluster(
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
 
+    # After the flags are checked, before connecting: a port in use fails at once.
+    metrics = _setup_telemetry(f"headway-cluster-{name}", metrics_port)
+
     async def body(client: Client, stop: asyncio.Event) -> None:
         click.echo(
             f"cluster worker ready: cluster {name} ({backend}), Temporal {cfg.address}"
             f" (namespace {cfg.namespace}), task queue {protocol.cluster_task_queue(name)},"
-            f" tenant{'s' if len(tenants) > 1 else ''} {', '.join(tenants)}",
+            f" tenant{'s' if len(tenants) > 1 else ''} {', '.join(tenants)}{metrics}",
             err=True,
         )
         await run_cluster_worker(client, name, impl, tenants=tenants, stop=stop)

@@ -853,6 +853,9 @@ class Scheduler:
         self.history: dict[str, list[float]] = {}
         self.undeclared_env: dict[str, dict[str, int]] = {}
         self.unknown_capacity_passes = 0
+        # The same per cluster, as data for the control plane's metrics and warnings
+        # (the core itself neither logs nor exports).
+        self.unknown_capacity_by_cluster: dict[str, int] = {}
         self.passes = 0
         self.skipped_visits = 0
         # Visits that decided only the actions appended since the last (``_visit_tail``).
@@ -3992,6 +3995,8 @@ class Scheduler:
             per[c.name] = per.get(c.name, 0) + 1
         if not c.known:
             self.unknown_capacity_passes += 1
+            n = self.unknown_capacity_by_cluster.get(c.name, 0)
+            self.unknown_capacity_by_cluster[c.name] = n + 1
         self._admissions += 1
         self._mark_head(q)
         self._touch(c.name)
@@ -4585,6 +4590,7 @@ class Scheduler:
             for a in q.waiting:
                 if a.last:
                     reasons[a.last] = reasons.get(a.last, 0) + 1
+            head = self.actions.get(q.blocked_head) if q.blocked_head else None
             out[name] = {
                 "spec": q.spec.to_dict(),
                 "waiting": len(q.waiting),
@@ -4597,8 +4603,21 @@ class Scheduler:
                     "gpu": q.usage.gpu,
                 },
                 "blocked_head": q.blocked_head,
+                # Pods of the blocked head: more than one is a gang holding its queue.
+                "blocked_head_pods": len(head.pods) if head is not None else 0,
                 "waiting_by_reason": reasons,
             }
+        return out
+
+    def waiting_reasons(self) -> dict[str, tuple[str, list[str]]]:
+        """Each waiting action the last pass gave a reason: that reason, and every
+        distinct reason it has waited for so far (shown on the action while it waits)."""
+        out: dict[str, tuple[str, list[str]]] = {}
+        for q in self.queues.values():
+            self._flush(q)
+            for a in q.waiting:
+                if a.last:
+                    out[a.id] = (a.last, list(a.reasons))
         return out
 
     # ------------------------------------------------------------------ snapshots
@@ -4690,6 +4709,13 @@ class Scheduler:
             "queue_tokens": {n: [b.tokens, b.at] for n, b in sorted(self.queue_buckets.items())},
             "history": self.history,
             "unknown_capacity_passes": self.unknown_capacity_passes,
+            # Only when there is one, so snapshots of fleets that always report are
+            # unchanged (and older snapshots, without it, load as none).
+            **(
+                {"unknown_capacity_by_cluster": dict(self.unknown_capacity_by_cluster)}
+                if self.unknown_capacity_by_cluster
+                else {}
+            ),
         }
 
     @staticmethod
@@ -4784,6 +4810,7 @@ class Scheduler:
         s.queue_buckets = {n: Bucket(k, at) for n, (k, at) in (d.get("queue_tokens") or {}).items()}
         s.history = {k: list(v) for k, v in d["history"].items()}
         s.unknown_capacity_passes = d["unknown_capacity_passes"]
+        s.unknown_capacity_by_cluster = dict(d.get("unknown_capacity_by_cluster") or {})
         return s
 
 

@@ -316,6 +316,11 @@ class Action:
         """Why the action is where it is: its state and the scheduler's reasons."""
         return await self._client.why(self.id)
 
+    async def eta(self) -> dict[str, Any] | None:
+        """While it waits: its place in its queue and when it will start (see
+        :meth:`Client.eta`); None once it is not waiting."""
+        return await self._client.eta(self.id)
+
     def __repr__(self) -> str:
         return f"Action(id={self.id!r}, queue={self.queue!r}, created={self.created!r})"
 
@@ -462,3 +467,15 @@ class Client:
         from headway.workflows import client as hw
 
         return await hw.why(self.temporal, self.tenant, action_id)
+
+    async def eta(
+        self, action_id: str, *, default_runtime: float = 3600.0
+    ) -> dict[str, Any] | None:
+        """A waiting action's place in its queue and forecast start: ``{"queue",
+        "position", "of", "starts_in_s", "cluster"}`` (``position`` 1 is next;
+        ``starts_in_s`` None when not within the forecast), the scheduler's state run
+        forward on a copy with runtime estimates (``default_runtime`` where an action
+        has none), as ``headway describe action`` shows it. None: not waiting."""
+        from headway.workflows import client as hw
+
+        return await hw.start_estimate(self.temporal, self.tenant, action_id, default_runtime)

@@ -17,9 +17,15 @@ records the end once and hands it to the scheduler once, and the core's ``finish
 
 Reasons while waiting: the scheduler does not signal actions when their reason changes
 (that would be one signal per action per pass). ``HeadwayReason`` shows ``Waiting`` until
-the admission, which carries the pass's reasons; the live "why" of a waiting action is
-the scheduler's ``why`` query (``headway.workflows.client.why``), answered by the same
-state machine that schedules it.
+the control plane's poller tells an action that has waited a poll or more its current
+reason (``REASON_SIGNAL``, only when it changed: within two ``HEADWAY_METRICS_INTERVAL_S``),
+and the admission carries the pass's reasons (kept, searchable, in ``HeadwayReasons``);
+the live "why" of a waiting action is the scheduler's ``why`` query
+(``headway.workflows.client.why``), answered by the same state machine that schedules it.
+
+The Web UI (Temporal user metadata): the start carries a static summary and details
+(queue and demand, ``headway.workflows.summary``); the current details say what it waits
+for, where it runs and after how long, and how it ended; each activity has a summary.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from temporalio.common import (
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
-    from headway import protocol
+    from headway import protocol, telemetry
     from headway.protocol import (
         ActionEvent,
         ActionEventKind,
@@ -53,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from headway.scheduler import demand_from_request
     from headway.scheduler.model import ActionSpec, DemandKind
     from headway.scheduler.resources import Pod
+    from headway.workflows import summary
     from headway.workflows.shared import (
         FINISH_LEASE_ACTIVITY,
         PUT_LEASE_ACTIVITY,
@@ -66,16 +73,28 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = [
     "PARENT_LABEL",
+    "REASONS_SA",
+    "REASON_SIGNAL",
     "SA",
+    "SEARCH_ATTRIBUTE_KEYS",
     "SUBMITTED_UPDATE",
     "ActionResult",
     "ActionStatus",
     "ActionWorkflow",
     "SubmitAnswer",
+    "WaitingReason",
 ]
 
-#: Typed search attribute keys (all Keyword), by ``protocol.SEARCH_ATTRIBUTES`` name.
-SA = {name: SearchAttributeKey.for_keyword(name) for name in protocol.SEARCH_ATTRIBUTES}
+#: Typed search attribute keys of the Keyword ones, by ``protocol.SEARCH_ATTRIBUTES`` name.
+SA = {
+    name: SearchAttributeKey.for_keyword(name)
+    for name, kind in protocol.SEARCH_ATTRIBUTES.items()
+    if kind == "Keyword"
+}
+#: The keyword list of every reason the action waited for (see ``protocol``).
+REASONS_SA = SearchAttributeKey.for_keyword_list("HeadwayReasons")
+#: Every key, for servers started with them registered (tests, benchmarks).
+SEARCH_ATTRIBUTE_KEYS: list[SearchAttributeKey[Any]] = [*SA.values(), REASONS_SA]
 
 #: How long the first task's local activity waits for the admission in-process.
 ADMIT_WAIT_S = 2.0
@@ -87,6 +106,9 @@ ANSWER_WAIT_S = 0.25
 #: Update on the action workflow: the submission's answer (``SubmitAnswer``), given as
 #: soon as the door decided; the client sends it with the start (update-with-start).
 SUBMITTED_UPDATE = "submitted"
+
+#: Signal to a waiting action: the scheduler's current reason for it (``WaitingReason``).
+REASON_SIGNAL = "waiting_reason"
 
 #: Label an SDK task's child action carries: its parent action's id.
 PARENT_LABEL = "headway.io/parent"
@@ -169,6 +191,15 @@ class SubmitAnswer:
 
 
 @dataclass
+class WaitingReason:
+    """Why a waiting action still waits, as its scheduler's last pass said: the current
+    reason, and every distinct reason it has waited for so far."""
+
+    reason: str
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
 class ActionResult:
     """How an action ended (the workflow's result, or the details of its failure)."""
 
@@ -207,6 +238,10 @@ class ActionWorkflow:
         # whether a submitter waits for it (its handler runs before ``run`` starts).
         self._answer: SubmitAnswer | None = None
         self._answer_wanted = False
+        # The demand in a few characters, for the Web UI's details ("2×H100:8").
+        self._demand = ""
+        # What the Web UI shows as it runs (``workflow.set_current_details``).
+        self._details = ""
 
     # --- handlers -----------------------------------------------------------------
 
@@ -231,6 +266,24 @@ class ActionWorkflow:
             del events[: len(events) - MAX_EVENTS]
         if event.kind in protocol.TERMINAL_EVENTS and self._terminal is None:
             self._terminal = event
+
+    @workflow.signal(name=REASON_SIGNAL)
+    def waiting_reason(self, note: WaitingReason) -> None:
+        """The scheduler's current reason for this action while it waits.
+
+        The scheduler does not signal reasons itself (one signal per action per pass);
+        the control plane's poller tells the actions that have waited a poll or more,
+        only when their reason changed (``headway.telemetry.WaitingReasons``): the
+        Web UI's current details and ``HeadwayReason`` then show it, not ``Waiting``.
+        """
+        st = self._status
+        if st.state != "waiting" or self._admission is not None or self._rejection is not None:
+            return  # admitted, rejected or ended meanwhile: those say more
+        if note.reason == st.reason and note.reasons == st.reasons:
+            return
+        st.reason, st.reasons = note.reason, list(note.reasons)
+        self._set_details(summary.waiting(self._demand, st.queue, note.reason, note.reasons))
+        self._publish()
 
     @workflow.update(name=SUBMITTED_UPDATE)
     async def submitted(self) -> SubmitAnswer:
@@ -296,6 +349,7 @@ class ActionWorkflow:
             kind, pods = demand_from_request(asdict(req.demand))
         except ValueError as err:
             return self._end_rejected("InvalidDemand", str(err))
+        self._demand = summary.demand(pods)
         spec = ActionSpec(
             id=req.action_id,
             queue=req.queue,
@@ -324,6 +378,7 @@ class ActionWorkflow:
                 out: PutLeaseOutput = await workflow.execute_local_activity(
                     PUT_LEASE_WAIT_ACTIVITY,
                     lease,
+                    summary=f"enqueue on {req.queue}",
                     result_type=PutLeaseOutput,
                     start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
@@ -351,6 +406,7 @@ class ActionWorkflow:
                 cluster=adm.cluster if adm is not None else None,
             )
             st.state, st.reason = "waiting", "Waiting"
+            self._set_details(summary.waiting(self._demand, req.queue, None, ()))
             if not self._lean or (self._first_publish and self._admission is None):
                 self._publish()
             await workflow.wait_condition(
@@ -372,10 +428,23 @@ class ActionWorkflow:
     ) -> ActionResult:
         st = self._status
         st.state, st.cluster = "running", admission.cluster
-        st.admitted_at = workflow.now().timestamp()
+        st.admitted_at = admitted_at = workflow.now().timestamp()
         st.reasons = list(admission.reasons)
         st.reason = "Admitted"
         self._publish()
+        self._set_details(
+            summary.admitted(
+                self._demand, admission.cluster, admitted_at - st.submitted_at, st.reasons
+            )
+        )
+        if not workflow.unsafe.is_replaying():
+            # Counted here, once per action: a replay (restart, cache eviction) does not
+            # count again, the rule of Temporal's own workflow metric meter; see
+            # ``headway.telemetry``.
+            decided = admission.decided_at or workflow.now().timestamp()
+            telemetry.get().record_admission(
+                req.tenant, req.queue, admission.cluster, decided - st.submitted_at, st.reasons
+            )
         dispatch = DispatchRequest(
             tenant=req.tenant,
             action_id=req.action_id,
@@ -391,6 +460,7 @@ class ActionWorkflow:
             result: ActionEvent = await workflow.execute_activity(
                 protocol.RUN_ACTION_ACTIVITY,
                 dispatch,
+                summary=f"create {len(dispatch.pods)} pods on {admission.cluster}",
                 result_type=ActionEvent,
                 task_queue=protocol.cluster_task_queue(admission.cluster),
                 start_to_close_timeout=timedelta(days=30),
@@ -459,6 +529,7 @@ class ActionWorkflow:
             await workflow.execute_activity(
                 protocol.DELETE_ACTION_ACTIVITY,
                 dispatch,
+                summary=f"delete the pods of {req.action_id} on {admission.cluster}",
                 task_queue=protocol.cluster_task_queue(admission.cluster),
                 start_to_close_timeout=timedelta(minutes=2),
                 schedule_to_close_timeout=timedelta(minutes=10),
@@ -484,6 +555,7 @@ class ActionWorkflow:
                 kind=kind,
                 record=self._record(outcome, reason),
             ),
+            summary=f"release the lease ({kind})",
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
         )
@@ -525,6 +597,8 @@ class ActionWorkflow:
         st.state, st.reason = state, reason
         st.ended_at = workflow.now().timestamp()
         self._publish()
+        # How it ended, before what it was (the admitted text, if it got that far).
+        self._set_details(summary.ended(state, reason, self._details))
         return ActionResult(
             action_id=st.action_id,
             state=state,
@@ -546,6 +620,8 @@ class ActionWorkflow:
     ) -> ActionResult:
         self._status.reasons = [reason]
         res = self._end("rejected", reason, message=message)
+        if not workflow.unsafe.is_replaying():  # once per action, as admissions
+            telemetry.get().record_rejection(self._status.tenant, self._status.queue, reason)
         if self._answer is None:
             self._answer = SubmitAnswer(
                 res.action_id, False, "rejected", reason, message, retry_after
@@ -563,6 +639,12 @@ class ActionWorkflow:
             non_retryable=True,
         )
 
+    def _set_details(self, text: str) -> None:
+        """The Web UI's current details (no server operation: read by its metadata query)."""
+        if text != self._details:
+            self._details = text
+            workflow.set_current_details(text)
+
     def _publish(self, run: bool = False, memo: bool = False) -> None:
         """Upsert search attributes (and memo) so the Web UI lists and filters actions."""
         st = self._status
@@ -579,6 +661,8 @@ class ActionWorkflow:
             ]
         if st.cluster:
             pairs.append(SA["HeadwayCluster"].value_set(st.cluster))
+        if st.reasons:
+            pairs.append(REASONS_SA.value_set(list(st.reasons)))
         workflow.upsert_search_attributes(pairs)
         if memo or not self._lean:
             workflow.upsert_memo(

@@ -166,6 +166,44 @@ async def submit(
 
 
 async def submit_action(client: Client, req: SubmitRequest) -> Submission:
+    """Submit an action: the root span of the action's trace (see :func:`_submit_action`)."""
+    from headway import telemetry
+
+    # The CLI and the SDK both submit here: the trace starts with the submission, and
+    # the client's tracing interceptor carries it into the workflow and its activities.
+    with telemetry.tracer().start_as_current_span(
+        f"submit {req.action_id}",
+        attributes={
+            "headway.tenant": req.tenant,
+            "headway.queue": req.queue,
+            "headway.action": req.action_id,
+        },
+    ):
+        return await _submit_action(client, req)
+
+
+def _web_metadata(req: SubmitRequest) -> tuple[str | None, str | None]:
+    """The action's static summary and details in the Web UI (its queue and demand); none
+    for a demand that does not parse (the workflow rejects it, saying why)."""
+    from headway.scheduler import demand_from_request
+    from headway.workflows import summary
+
+    try:
+        kind, pods = demand_from_request(dataclasses.asdict(req.demand))
+    except ValueError:
+        return None, None
+    details = summary.static_details(
+        tenant=req.tenant,
+        queue=req.queue,
+        run=req.run or req.action_id,
+        task=req.task,
+        kind=kind.value,
+        pods=pods,
+    )
+    return summary.static_summary(req.queue, pods), details
+
+
+async def _submit_action(client: Client, req: SubmitRequest) -> Submission:
     """Submit an action and answer once its queue's door decided, or answer with the
     action that already has its id.
 
@@ -215,6 +253,7 @@ async def submit_action(client: Client, req: SubmitRequest) -> Submission:
 async def _submit_once(client: Client, req: SubmitRequest) -> Submission:
     """One try of :func:`submit_action`."""
     sa, memo = start_attributes(req)
+    web_summary, web_details = _web_metadata(req)
     workflow_id = protocol.action_workflow_id(req.tenant, req.action_id)
     reuse = WorkflowIDReusePolicy.REJECT_DUPLICATE
     for attempt in range(4):
@@ -228,6 +267,8 @@ async def _submit_once(client: Client, req: SubmitRequest) -> Submission:
             search_attributes=sa,
             memo=memo,
             priority=protocol.tenant_priority(req.tenant),
+            static_summary=web_summary,
+            static_details=web_details,
         )
         try:
             answer: SubmitAnswer = await client.execute_update_with_start_workflow(
@@ -538,6 +579,13 @@ async def get_fleet(client: Client, tenant: str) -> dict[str, Any]:
     return out
 
 
+async def get_waiting_reasons(client: Client, tenant: str) -> dict[str, tuple[str, list[str]]]:
+    """Each waiting action's current reason and every reason so far, from its scheduler."""
+    h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    out: dict[str, list[Any]] = await h.query("waiting_reasons")
+    return {k: (str(v[0]), [str(r) for r in v[1]]) for k, v in out.items()}
+
+
 async def why(client: Client, tenant: str, action_id: str) -> dict[str, Any]:
     """Why an action is where it is, from the scheduler that decides it.
 
@@ -625,8 +673,10 @@ async def ensure_search_attributes(client: Client, namespace: str | None = None)
             AddSearchAttributesRequest(
                 namespace=namespace or client.namespace,
                 search_attributes={
-                    name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
-                    for name in protocol.SEARCH_ATTRIBUTES
+                    name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD_LIST
+                    if kind == "KeywordList"
+                    else IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
+                    for name, kind in protocol.SEARCH_ATTRIBUTES.items()
                 },
             )
         )
@@ -675,6 +725,11 @@ class ActionRow:
     status: str  # the workflow's execution status, lower case (running, completed, ...)
     started_at: float | None = None
     ended_at: float | None = None
+    #: A waiting action's place in its queue (1: next) and its forecast start in
+    #: seconds from now (None: not within the forecast); ``get actions`` fills them in
+    #: from the scheduler's state.
+    position: int | None = None
+    starts_in_s: float | None = None
 
 
 def _q(value: str) -> str:
@@ -985,6 +1040,60 @@ async def cancel_action(
     except TimeoutError:
         return CancelOutcome(action_id, before, requested=True, cluster=cluster)
     return CancelOutcome(action_id, before, True, result, result.cluster or cluster)
+
+
+async def tell_start_estimates(
+    client: Client, tenant: str, scores: dict[str, dict[str, Any]]
+) -> None:
+    """Hand the tenant's scheduler the scores of its queues' start estimates."""
+    from headway.workflows.scheduler import START_ESTIMATES_SIGNAL
+
+    h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    await h.signal(START_ESTIMATES_SIGNAL, scores)
+
+
+async def start_estimate(
+    client: Client, tenant: str, action_id: str, default_runtime: float = 3600.0
+) -> dict[str, Any] | None:
+    """Where a waiting action stands: ``{"position", "of", "queue", "starts_in_s",
+    "starts_in_p90_s", "cluster"}`` (its place in its queue, 1 next; its forecast start
+    in seconds from now, None when not within the forecast, and where; the p90 adds its
+    queue's scored lateness, None until some were scored), from the scheduler's state run
+    forward on a copy (``headway.scheduler.insight.forecast``). None: it is not waiting
+    in the scheduler's window (running, ended, or queued in the store behind the window)."""
+    from headway.scheduler import Scheduler
+    from headway.scheduler.insight import forecast
+
+    data = await get_snapshot(client, tenant)
+    sched, now = Scheduler.from_snapshot(data["snapshot"]), float(data["now"])
+    a = sched.actions.get(action_id)
+    q = sched.queues.get(a.queue) if a is not None else None
+    if a is None or q is None or a.state != "waiting":
+        return None
+    ids = [w.id for w in q.waiting]
+    f = forecast(sched, now, default_runtime=default_runtime)
+    at = f.starts.get(action_id)
+    p50 = None if at is None else max(0.0, at - now)
+    return {
+        "queue": a.queue,
+        "position": ids.index(action_id) + 1 if action_id in ids else None,
+        "of": len(ids),
+        "starts_in_s": p50,
+        "starts_in_p90_s": await start_p90(client, tenant, a.queue, p50),
+        "cluster": f.clusters.get(action_id),
+    }
+
+
+async def start_p90(client: Client, tenant: str, queue: str, p50: float | None) -> float | None:
+    """The p90 start: the forecast plus how late its queue's actions started against
+    theirs, at the 90th percentile (as the control plane scored them); None before any
+    was scored."""
+    if p50 is None:
+        return None
+    scores = ((await get_queues(client, tenant)).get(queue) or {}).get("start_estimates")
+    if not scores:
+        return None
+    return p50 + float(scores["p90_margin_s"])
 
 
 async def get_snapshot(client: Client, tenant: str) -> dict[str, Any]:

@@ -158,6 +158,10 @@ class _Loop:
 # every activation cost ~0.5 ms of worker CPU per admitted action under load, and what
 # it guards (time, randomness, I/O) this code reaches only through ``workflow`` and the
 # pure core; the checked-in histories replay in CI.
+#: Signal from the control plane: per queue, how good its start estimates were.
+START_ESTIMATES_SIGNAL = "start_estimates"
+
+
 @workflow.defn(name=protocol.SCHEDULER_WORKFLOW, sandboxed=False)
 class SchedulerWorkflow:
     """One per tenant: queues, reservations and clusters; emits admissions in batches."""
@@ -174,6 +178,9 @@ class SchedulerWorkflow:
         # Whether silent workers mark their cluster down (patched in run()).
         self._silent_checks = False
         self._early_reports: dict[str, CapacityReport] = {}
+        # How good the start estimates of each queue were, as the control plane scored
+        # them (``START_ESTIMATES_SIGNAL``): shown by the ``queues`` query, not decided on.
+        self._start_estimates: dict[str, dict[str, Any]] = {}
         # The door's settings pushed to the store: changes made, changes pushed.
         self._door_gen = 0
         self._door_pushed = 0
@@ -269,6 +276,13 @@ class SchedulerWorkflow:
             return
         self._nudged.add(channel)
         self._changed = True
+
+    @workflow.signal(name=START_ESTIMATES_SIGNAL)
+    def start_estimates(self, scores: dict[str, dict[str, Any]]) -> None:
+        """The control plane's scores of this tenant's start estimates, per queue (see
+        ``headway.telemetry.StartEstimates``): kept for the ``queues`` query only, never
+        read by a pass, so it changes no decision (and is not carried on)."""
+        self._start_estimates.update(scores)
 
     @workflow.signal(name=protocol.CAPACITY_SIGNAL)
     def capacity_report(self, report: CapacityReport) -> None:
@@ -612,7 +626,15 @@ class SchedulerWorkflow:
         stats = self._core.queue_stats()
         for name, s in stats.items():
             s["backlog_in_store"] = name in self._more
+            if name in self._start_estimates:
+                s["start_estimates"] = self._start_estimates[name]
         return stats
+
+    @workflow.query(name="waiting_reasons")
+    def waiting_reasons(self) -> dict[str, list[Any]]:
+        """Per waiting action in the window: ``[reason, [every reason so far]]``. The
+        control plane tells each action that has waited a while (for the Web UI)."""
+        return {k: [r, rs] for k, (r, rs) in self._core.waiting_reasons().items()}
 
     @workflow.query(name="why")
     def why(self, action_id: str) -> dict[str, Any]:
@@ -665,6 +687,9 @@ class SchedulerWorkflow:
             "clusters": sorted(self._cluster_names()),
             "capacity": self._loop.capacity,
             "down": sorted(self._loop.silent),
+            # Admissions to a cluster that had reported no capacity, per cluster (the
+            # control plane's poller turns them into a metric and a warning).
+            "unknown_capacity_admissions": dict(self._core.unknown_capacity_by_cluster),
         }
 
     @workflow.query(name="carried_bytes")

@@ -111,6 +111,7 @@ async def test_workflows_are_traced_through_the_client_interceptor(
         )
     assert out == "hello x"
     names = [s.name for s in spans.get_finished_spans()]
+    telemetry.setup("test", exporter="none")  # no exporter holding the session's spans
     assert "StartWorkflow:TracedHello" in names and "RunWorkflow:TracedHello" in names
 
 
@@ -154,4 +155,79 @@ async def test_poller_feeds_gauges_from_the_scheduler_queries(
     free = {
         (p[0]["cluster"], p[0]["resource"]): p[1] for p in points(reader, "headway.cluster.free")
     }
-    assert free == {("c1", "gpu"): 4, ("c1", "cpu_m"): 8000}
+    assert free == {("c1", "gpu"): 4, ("c1", "cpu"): 8}
+
+
+def test_unknown_capacity_admissions_count_and_warn_once_per_cluster_and_hour(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reader = InMemoryMetricReader()
+    t = telemetry.setup("test", readers=[reader], exporter="none")
+    fleet = {
+        "fleet": [{"name": "ghost", "reports_capacity": False}, {"name": "c1"}],
+        "clusters": ["c1", "ghost"],
+        "capacity": {"c1": {"known": True, "free_gpu": 8, "free_cpu_m": 1000}},
+        "unknown_capacity_admissions": {"ghost": 1},
+    }
+    with caplog.at_level("WARNING", logger="headway.telemetry"):
+        t.update_fleet("acme", telemetry.fleet_gauges(fleet))
+        fleet["unknown_capacity_admissions"] = {"ghost": 3}
+        t.update_fleet("acme", telemetry.fleet_gauges(fleet))
+        # The scheduler started afresh: its count went down, and what it counts is new.
+        fleet["unknown_capacity_admissions"] = {"ghost": 1}
+        t.update_fleet("acme", telemetry.fleet_gauges(fleet))
+    counted = points(reader, "headway.cluster.unknown_capacity.admissions")
+    assert counted == [({"tenant": "acme", "cluster": "ghost"}, 4)]
+    unknown = {p[0]["cluster"]: p[1] for p in points(reader, "headway.cluster.unknown_capacity")}
+    assert unknown == {"c1": 0, "ghost": 1}
+    warned = [r.getMessage() for r in caplog.records if "unknown capacity" in r.getMessage()]
+    assert len(warned) == 1 and "cluster ghost" in warned[0], warned
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "error"),
+    [
+        pytest.param(
+            ["--metrics-port", "abc"], {}, "'--metrics-port': 'abc'", id="flag-not-a-number"
+        ),
+        pytest.param(
+            ["--metrics-port", "70000"], {}, "'--metrics-port': 70000", id="flag-too-high"
+        ),
+        pytest.param(
+            [], {"HEADWAY_METRICS_PORT": "http"}, "'--metrics-port': 'http'", id="env-not-a-number"
+        ),
+    ],
+)
+def test_a_bad_metrics_port_is_refused_naming_the_flag_and_value(
+    args: list[str], env: dict[str, str], error: str
+) -> None:
+    from click.testing import CliRunner
+    from headway.cli.main import cli
+
+    for command in (["worker", "control-plane"], ["worker", "cluster", "--name", "gpu-h100"]):
+        result = CliRunner().invoke(cli, [*command, *args], env=env)
+        assert result.exit_code == 2, result.output
+        assert error in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        pytest.param(None, 10.0, id="unset-is-ten-seconds"),
+        pytest.param("0.5", 0.5, id="half-a-second"),
+        pytest.param("0", None, id="zero-is-refused"),
+        pytest.param("soon", None, id="words-are-refused"),
+    ],
+)
+def test_the_poll_interval_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: float | None
+) -> None:
+    if raw is None:
+        monkeypatch.delenv(telemetry.METRICS_INTERVAL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(telemetry.METRICS_INTERVAL_ENV, raw)
+    if expected is None:
+        with pytest.raises(ValueError, match=f"HEADWAY_METRICS_INTERVAL_S: '{raw}'"):
+            telemetry.metrics_interval()
+    else:
+        assert telemetry.metrics_interval() == expected

@@ -19,9 +19,9 @@ from headway.scheduler.model import ClusterSpec, NodeGroup
 from headway.scheduler.resources import Pod
 from headway.store import LeaseStore
 from headway.worker.control_plane import build_control_plane_worker
+from headway.workflows.action import SEARCH_ATTRIBUTE_KEYS
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -38,7 +38,7 @@ def fleet(name: str = "c1", nodes: int = 4) -> list[ClusterSpec]:
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     e = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(TEMPORAL),
-        search_attributes=[SearchAttributeKey.for_keyword(n) for n in protocol.SEARCH_ATTRIBUTES],
+        search_attributes=SEARCH_ATTRIBUTE_KEYS,
         dev_server_extra_args=[
             a for kv in protocol.SERVER_DYNAMIC_CONFIG for a in ("--dynamic-config-value", kv)
         ],

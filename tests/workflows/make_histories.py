@@ -20,8 +20,8 @@ from headway.protocol import DemandRequest, SubmitRequest
 from headway.store import LeaseStore
 from headway.worker.control_plane import build_control_plane_worker
 from headway.workflows import client as hw
+from headway.workflows.action import SEARCH_ATTRIBUTE_KEYS
 from headway.workflows.scheduler import BITE
-from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -33,7 +33,7 @@ OUT = Path(__file__).parent / "histories"
 async def main(suffix: str = "") -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(TEMPORAL),
-        search_attributes=[SearchAttributeKey.for_keyword(n) for n in protocol.SEARCH_ATTRIBUTES],
+        search_attributes=SEARCH_ATTRIBUTE_KEYS,
         dev_server_extra_args=[
             a for kv in protocol.SERVER_DYNAMIC_CONFIG for a in ("--dynamic-config-value", kv)
         ],
