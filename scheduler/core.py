@@ -4609,13 +4609,15 @@ class Scheduler:
             }
         return out
 
-    def waiting_reasons(self) -> dict[str, tuple[str, list[str]]]:
-        """Each waiting action the last pass gave a reason: that reason, and every
-        distinct reason it has waited for so far (shown on the action while it waits)."""
+    def waiting_reasons(self, per_queue: int = 200) -> dict[str, tuple[str, list[str]]]:
+        """The first ``per_queue`` waiting actions of each queue that the last pass gave
+        a reason: that reason, and every distinct reason it has waited for so far (shown
+        on the action while it waits). Bounded so the answer stays small (a query's
+        result is one payload) whatever the backlog: the heads are what people look at."""
         out: dict[str, tuple[str, list[str]]] = {}
         for q in self.queues.values():
             self._flush(q)
-            for a in q.waiting:
+            for a in q.waiting[:per_queue]:
                 if a.last:
                     out[a.id] = (a.last, list(a.reasons))
         return out
