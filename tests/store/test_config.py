@@ -17,7 +17,11 @@ BACKENDS = ["sqlite", *(["postgresql"] if PG else [])]
 
 @pytest.fixture(params=BACKENDS)
 def config(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ConfigStore]:
-    url = f"sqlite:///{tmp_path / 'c.db'}" if request.param == "sqlite" else PG
+    url = (
+        f"sqlite:///{tmp_path / 'c.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
     s = LeaseStore(url)
     try:
         yield ConfigStore(s)

@@ -16,12 +16,16 @@ from headway.scheduler.model import QueueStatus, RateLimit
 from headway.scheduler.reasons import Reason
 from headway.store import WANTS_ENDS_CHANNEL, LeaseStore, Put
 
-from .test_leases import BACKENDS, PG, spec
+from .test_leases import BACKENDS, spec
 
 
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
-    url = f"sqlite:///{tmp_path / 'door.db'}" if request.param == "sqlite" else PG
+    url = (
+        f"sqlite:///{tmp_path / 'door.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
     s = LeaseStore(url)
     yield s
     s.close()

@@ -24,12 +24,16 @@ from headway.workflows.shared import FinishLeaseInput
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
-from .test_leases import BACKENDS, PG
+from .test_leases import BACKENDS
 
 
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
-    url = f"sqlite:///{tmp_path / 'h.db'}" if request.param == "sqlite" else PG
+    url = (
+        f"sqlite:///{tmp_path / 'h.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
     s = LeaseStore(url)
     yield s
     s.close()

@@ -20,7 +20,11 @@ BACKENDS = ["sqlite", *(["postgresql"] if PG else [])]
 
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
-    url = f"sqlite:///{tmp_path / 'l.db'}" if request.param == "sqlite" else PG
+    url = (
+        f"sqlite:///{tmp_path / 'l.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
     s = LeaseStore(url)
     yield s
     s.close()
