@@ -239,7 +239,9 @@ ACTION_WORKFLOW = "ActionWorkflow"
 #: Revision 2 starts without search attributes and writes them once in the first task.
 #: Revision 3 keeps the first outcome the workflow hears (a retried ``run_action`` that
 #: finds the pods deleted after they ended does not turn success into PodLost).
-ACTION_REVISION = 3
+#: Revision 4 retries by failure class (the queue's ``retry`` policy): each attempt after
+#: the first is a lease and a dispatch of its own, as ``<action_id>~<n>`` (issue #23).
+ACTION_REVISION = 4
 SCHEDULER_WORKFLOW = "SchedulerWorkflow"
 
 #: Cluster-local activity, on ``cluster_task_queue(cluster)``: creates the action's pods

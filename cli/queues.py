@@ -98,7 +98,50 @@ def _knob_options(k: Knob) -> list[Callable[[F], F]]:
             click.option("--submit-rate", help=_RATE_HELP),
             click.option("--submit-burst", help=_BURST_HELP),
         ]
+    if k.kind is KnobKind.retry:
+        return [
+            click.option("--" + flag.replace("_", "-"), help=h) for flag, h in _RETRY_HELP.items()
+        ]
     return [click.option("--" + k.name.replace("_", "-"), help=k.help)]
+
+
+#: The retry policy's flags (``retry_<key>``: its key), each merged into the queue's.
+_RETRY_HELP = {
+    "retry_oom": "Retries after OOMKilled, each with more memory (default 0).",
+    "retry_oom_factor": "Memory multiplied by this per OOM retry (default 2).",
+    "retry_oom_max_memory": "Most memory an OOM retry may ask per pod, e.g. 64Gi"
+    " ('unlimited' unsets).",
+    "retry_lost": "Requeues at the head after Preempted, Evicted, NodeLost, PodLost (default 0).",
+    "retry_failed": "Retries after a non-zero exit (default 0).",
+    "retry_backoff": "Wait before the first retry of a failure, doubled each next, e.g. 30s"
+    " (default 30s).",
+}
+_RETRY_COUNTS = ("retry_oom", "retry_lost", "retry_failed")
+
+
+def _retry_flags(old: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The queue's retry policy (file notation) with the ``--retry-*`` flags given on top;
+    None when none was given. A count that is not one names its flag and the value."""
+    given = {f: flags[f] for f in _RETRY_HELP if flags.get(f) is not None}
+    if not given:
+        return None
+    out = dict(old or {})
+    for flag, value in given.items():
+        key = flag.removeprefix("retry_")
+        if flag in _RETRY_COUNTS:
+            try:
+                out[key] = int(value)
+            except ValueError:
+                raise click.BadParameter(
+                    f"--{flag.replace('_', '-')}: {value!r} is not a number of retries"
+                ) from None
+        elif flag == "retry_oom_factor":
+            out[key] = _number(value, "--retry-oom-factor")
+        elif flag == "retry_oom_max_memory" and str(value).lower() in UNSET_WORDS:
+            out[key] = None
+        else:
+            out[key] = value
+    return out
 
 
 _RATE_HELP = "Submissions per second ('unlimited' unsets)."
@@ -144,6 +187,9 @@ def _apply_flags(entry: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, A
         out["submit_rate"] = merge_rate(
             out.get("submit_rate"), flags.get("submit_rate"), flags.get("submit_burst")
         )
+    retry = _retry_flags(out.get("retry"), flags)
+    if retry is not None:
+        out["retry"] = retry
     return out
 
 
@@ -189,6 +235,8 @@ def _checked(entry: Mapping[str, Any], *, from_flags: bool = True) -> QueueSpec:
             # "max_resources.cpu: 'x' is not..." reads best as the flag the user typed.
             for flag, resource in _MAX_FLAGS.items():
                 msg = _reword(msg, f"max_resources.{resource}", flag)
+            for flag in _RETRY_HELP:
+                msg = _reword(msg, "retry." + flag.removeprefix("retry_"), flag)
             for key in QUEUE_FIELDS:
                 msg = _reword(msg, key, key)
         raise click.BadParameter(msg) from None

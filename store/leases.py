@@ -594,12 +594,13 @@ class LeaseStore:
         *,
         flips: set[tuple[str, str]] | None = None,
         busy: dict[str, bool] | None = None,
+        door: bool = True,
     ) -> Put:
-        decided = self._door(conn, tenant, action_id, queue, submitted_at)
+        decided = self._door(conn, tenant, action_id, queue, submitted_at) if door else None
         if decided is not None and not decided.accepted:
             return Put(refused=decided)
         body = dict(spec)
-        if decided is not None:
+        if decided is not None or not door:
             # Taken in at the door: the scheduler does not decide the door's rules again.
             body["door"] = True
         row = {
@@ -834,9 +835,67 @@ class LeaseStore:
         return [
             self._put_lease(hot, *args, flips=flips, busy=busy)
             if kind == "put"
+            else self._requeue(hot, *args, flips=flips, busy=busy)
+            if kind == "requeue"
             else self._finish_lease(hot, *args, flips=flips)
             for kind, args in ops
         ]
+
+    def requeue(
+        self,
+        tenant: str,
+        ended: str,
+        action_id: str,
+        queue: str,
+        workflow_id: str,
+        spec: Mapping[str, Any],
+        submitted_at: float,
+    ) -> Put:
+        """End the lease ``ended`` (finished) and put ``action_id``'s in one transaction:
+        the next attempt of an action that failed retryably (``RetryPolicy``).
+
+        The new lease passes no door (the action was taken in once; its depth slot
+        passes from one lease to the other) and carries ``submitted_at`` as given (the
+        action's first submit time: it waits at the head of its queue). Idempotent as a
+        put and a finish are.
+
+        Returns:
+            The ``Put``: ``nudge`` when either write needs the scheduler told (one nudge
+            serves both: a sync claims ends and leases alike).
+        """
+        args = (tenant, ended, action_id, queue, workflow_id, spec, submitted_at)
+        res = self.apply([("requeue", args)])[0]
+        assert isinstance(res, Put)
+        return res
+
+    def _requeue(
+        self,
+        conn: Connection | _DBAPIConn,
+        tenant: str,
+        ended: str,
+        action_id: str,
+        queue: str,
+        workflow_id: str,
+        spec: Mapping[str, Any],
+        submitted_at: float,
+        *,
+        flips: set[tuple[str, str]] | None = None,
+        busy: dict[str, bool] | None = None,
+    ) -> Put:
+        end = self._finish_lease(conn, tenant, ended, "finished", flips=flips)
+        put = self._put_lease(
+            conn,
+            tenant,
+            action_id,
+            queue,
+            workflow_id,
+            spec,
+            submitted_at,
+            flips=flips,
+            busy=busy,
+            door=False,
+        )
+        return Put(nudge=put.nudge or end is not Nudge.NONE, busy=put.busy)
 
     def put_many(
         self,
@@ -1182,6 +1241,9 @@ class LeaseStore:
         for kind, args in ops:
             if kind == "put":
                 keys.add((args[0], queue_channel(args[2])))
+            elif kind == "requeue":  # an end and a put
+                keys.add((args[0], DONE_CHANNEL))
+                keys.add((args[0], queue_channel(args[3])))
             elif args[2] != "rejected":
                 keys.add((args[0], DONE_CHANNEL))
         ordered = sorted(keys)
@@ -1276,8 +1338,8 @@ def _check_ops(ops: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
     for kind, args in ops:
         if kind == "finish":
             _check_kind(args[2])
-        elif kind != "put":
-            raise ValueError(f"op: {kind!r} is not put or finish")
+        elif kind not in ("put", "requeue"):
+            raise ValueError(f"op: {kind!r} is not put, requeue or finish")
 
 
 def _check_kind(kind: str) -> None:

@@ -25,7 +25,7 @@ state machine that schedules it.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -52,26 +52,34 @@ with workflow.unsafe.imports_passed_through():
     )
     from headway.scheduler import demand_from_request
     from headway.scheduler.model import ActionSpec, DemandKind
+    from headway.scheduler.model import RetryPolicy as QueueRetry
     from headway.scheduler.resources import Pod
+    from headway.scheduler.retry import Retry, next_attempt
     from headway.workflows.shared import (
         FINISH_LEASE_ACTIVITY,
         PUT_LEASE_ACTIVITY,
         PUT_LEASE_WAIT_ACTIVITY,
         REJECT_SIGNAL,
+        REQUEUE_LEASE_ACTIVITY,
+        RETRY_POLICY_ACTIVITY,
         FinishLeaseInput,
         PutLeaseInput,
         PutLeaseOutput,
         Rejection,
+        RequeueLeaseInput,
     )
 
 __all__ = [
+    "ATTEMPT_SEP",
     "PARENT_LABEL",
     "SA",
     "SUBMITTED_UPDATE",
     "ActionResult",
     "ActionStatus",
     "ActionWorkflow",
+    "Attempt",
     "SubmitAnswer",
+    "attempt_id",
 ]
 
 #: Typed search attribute keys (all Keyword), by ``protocol.SEARCH_ATTRIBUTES`` name.
@@ -90,6 +98,16 @@ SUBMITTED_UPDATE = "submitted"
 
 #: Label an SDK task's child action carries: its parent action's id.
 PARENT_LABEL = "headway.io/parent"
+
+#: Separates an action's id from its attempt number in the id of attempt 2 and later
+#: (``train-7~2``): each attempt is a lease, an admission and pods of its own.
+ATTEMPT_SEP = "~"
+
+
+def attempt_id(action_id: str, number: int) -> str:
+    """The id attempt ``number`` (1 first) of ``action_id`` is leased and dispatched as."""
+    return action_id if number <= 1 else f"{action_id}{ATTEMPT_SEP}{number}"
+
 
 #: Events kept on the workflow for the ``state`` query (the oldest are dropped first,
 #: the terminal one is always kept).
@@ -133,6 +151,19 @@ _ROLES: dict[DemandKind, tuple[str, str]] = {
 
 
 @dataclass
+class Attempt:
+    """One attempt of an action (revision 4+): the id it ran as, where, how it ended,
+    and, when it was retried, why and how (``RetryPolicy``)."""
+
+    number: int
+    action_id: str
+    cluster: str | None = None
+    outcome: str | None = None
+    message: str = ""
+    retry: str = ""
+
+
+@dataclass
 class ActionStatus:
     """What the ``state`` query answers."""
 
@@ -147,6 +178,8 @@ class ActionStatus:
     submitted_at: float = 0.0
     admitted_at: float | None = None
     ended_at: float | None = None
+    #: Revision 4+: every attempt so far, the current one last (``id`` is the lease's).
+    attempts: list[Attempt] = field(default_factory=list)
 
 
 @dataclass
@@ -206,6 +239,9 @@ class ActionWorkflow:
         # whether a submitter waits for it (its handler runs before ``run`` starts).
         self._answer: SubmitAnswer | None = None
         self._answer_wanted = False
+        # Revision 4+: the id of the attempt under way ("" before ``run`` or earlier
+        # revisions): only its admission and its terminal event count.
+        self._attempt = ""
 
     # --- handlers -----------------------------------------------------------------
 
@@ -213,6 +249,8 @@ class ActionWorkflow:
     def admit(self, admission: Admission) -> None:
         """The scheduler admitted this action (repeats from a retried batch are ignored)."""
         if self._admission is None and self._rejection is None:
+            if self._attempt and admission.action_id != self._attempt:
+                return  # an earlier attempt's, delivered late
             self._admission = admission
 
     @workflow.signal(name=REJECT_SIGNAL)
@@ -228,6 +266,8 @@ class ActionWorkflow:
         events.append(event)
         if len(events) > MAX_EVENTS:
             del events[: len(events) - MAX_EVENTS]
+        if self._attempt and event.action_id != self._attempt:
+            return  # kept in the events, but an earlier attempt's end is not this one's
         if event.kind in protocol.TERMINAL_EVENTS and self._terminal is None:
             self._terminal = event
 
@@ -363,11 +403,138 @@ class ActionWorkflow:
             return self._end_rejected(self._rejection.reason, self._rejection.message)
         admission = self._admission
         assert admission is not None
+        if rev >= 4:
+            return await self._attempts(req, spec, kind, admission, lease)
         return await self._run_on_cluster(req, spec, kind, admission)
 
     async def _run_on_cluster(
         self, req: SubmitRequest, spec: ActionSpec, kind: DemandKind, admission: Admission
     ) -> ActionResult:
+        result = await self._run_once(req, spec, kind, admission)
+        await self._release("finished")
+        if self._terminal is not None and req.revision >= 3:
+            # The first outcome heard stands: the attempt that saw the pods end signalled
+            # it before deleting them; a retry (that attempt's worker killed before its
+            # result reached Temporal) finds them gone and says PodLost (issue #20).
+            result = self._terminal
+        return self._conclude(req, result)
+
+    async def _attempts(
+        self,
+        req: SubmitRequest,
+        spec: ActionSpec,
+        kind: DemandKind,
+        admission: Admission,
+        lease: PutLeaseInput,
+    ) -> ActionResult:
+        """Revision 4+: run attempts until one ends for good (issue #23).
+
+        An attempt that ends in a failure class its queue retries (``RetryPolicy``, read
+        live from the store at each failure) is followed by a new lease for the next
+        attempt (``attempt_id``): same workflow, the action's first submit time (the head
+        of its queue), no door; the scheduler admits it as any other. Its pods are new
+        (their names follow the attempt's id), so nothing of the last attempt is adopted.
+        """
+        st = self._status
+        used: dict[str, int] = {}
+        self._attempt = req.action_id
+        st.attempts = [Attempt(1, req.action_id)]
+        while True:
+            result = await self._run_once(req, spec, kind, admission)
+            if self._terminal is not None:
+                result = self._terminal  # the first outcome heard stands (revision 3)
+            this = st.attempts[-1]
+            this.cluster, this.outcome, this.message = (
+                admission.cluster,
+                result.kind.value,
+                result.message,
+            )
+            retry = None
+            if result.kind != ActionEventKind.SUCCEEDED:
+                retry = next_attempt(
+                    await self._retry_policy(req), result.kind.value, used, spec.pods
+                )
+            if retry is None:
+                await self._release("finished")
+                return self._conclude(req, result)
+            used[retry.cls] = used.get(retry.cls, 0) + 1
+            this.retry = retry.note
+            if self._terminal is None:
+                self.action_event(result)  # the attempt's end, in its history
+            spec = await self._requeue(req, spec, retry, lease)
+            try:
+                await workflow.wait_condition(
+                    lambda: self._admission is not None or self._rejection is not None
+                )
+            except asyncio.CancelledError:
+                await self._release("cancelled")
+                self._end("cancelled", "Cancelled")
+                raise
+            if self._rejection is not None:
+                await self._release("rejected")
+                return self._end_rejected(self._rejection.reason, self._rejection.message)
+            assert self._admission is not None
+            admission = self._admission
+
+    async def _retry_policy(self, req: SubmitRequest) -> QueueRetry:
+        got: dict[str, Any] = await workflow.execute_local_activity(
+            RETRY_POLICY_ACTIVITY,
+            {"tenant": req.tenant, "queue": req.queue},
+            result_type=dict,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+        )
+        return QueueRetry.parse(got)
+
+    async def _requeue(
+        self, req: SubmitRequest, spec: ActionSpec, retry: Retry, lease: PutLeaseInput
+    ) -> ActionSpec:
+        """Put the next attempt's lease (after the retry's backoff); its spec."""
+        st = self._status
+        ended = self._attempt
+        number = len(st.attempts) + 1
+        st.state, st.reason = "waiting", "Retrying"
+        self._publish()
+        try:
+            if retry.delay > 0:
+                # The ended attempt holds nothing while it backs off.
+                await self._release("finished")
+                await workflow.sleep(timedelta(seconds=retry.delay))
+            now = workflow.now().timestamp()
+            nxt = replace(
+                spec,
+                id=attempt_id(req.action_id, number),
+                pods=retry.pods,
+                meta={**spec.meta, "attempt": number, "queued_at": now},
+            )
+            self._admission, self._terminal, self._attempt = None, None, nxt.id
+            st.attempts.append(Attempt(number, nxt.id))
+            await workflow.execute_local_activity(
+                REQUEUE_LEASE_ACTIVITY,
+                RequeueLeaseInput(
+                    ended=ended,
+                    lease=replace(lease, action_id=nxt.id, spec=nxt.to_dict(), wait_s=0.0),
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            )
+        except asyncio.CancelledError:
+            await self._release("cancelled")
+            self._end("cancelled", "Cancelled")
+            raise
+        st.state, st.reason, st.cluster = "waiting", "Waiting", None
+        self._publish()
+        return nxt
+
+    async def _run_once(
+        self, req: SubmitRequest, spec: ActionSpec, kind: DemandKind, admission: Admission
+    ) -> ActionEvent:
+        """Dispatch to the admitted cluster and wait for the pods' end (its event).
+
+        Raises:
+            ApplicationError: ``ClusterError`` (released, ended failed).
+            asyncio.CancelledError: cancelled (pods deleted, released, ended).
+        """
         st = self._status
         st.state, st.cluster = "running", admission.cluster
         st.admitted_at = workflow.now().timestamp()
@@ -376,7 +543,7 @@ class ActionWorkflow:
         self._publish()
         dispatch = DispatchRequest(
             tenant=req.tenant,
-            action_id=req.action_id,
+            action_id=self._attempt or req.action_id,
             workflow_id=workflow.info().workflow_id,
             cluster=admission.cluster,
             kind=GangKind(kind.value),
@@ -415,12 +582,10 @@ class ActionWorkflow:
                 ) from err
             await self._cancel_running(req, dispatch, admission)
             raise asyncio.CancelledError() from err
-        await self._release("finished")
-        if self._terminal is not None and req.revision >= 3:
-            # The first outcome heard stands: the attempt that saw the pods end signalled
-            # it before deleting them; a retry (that attempt's worker killed before its
-            # result reached Temporal) finds them gone and says PodLost (issue #20).
-            result = self._terminal
+        return result
+
+    def _conclude(self, req: SubmitRequest, result: ActionEvent) -> ActionResult:
+        """End with the attempt's outcome: succeeded, or raise its failure."""
         if self._terminal is None or self._terminal.kind != result.kind:
             self.action_event(result)
         if result.kind == ActionEventKind.SUCCEEDED:
@@ -467,7 +632,9 @@ class ActionWorkflow:
         assert self._req is not None
         await workflow.execute_local_activity(
             FINISH_LEASE_ACTIVITY,
-            FinishLeaseInput(tenant=self._req.tenant, action_id=self._req.action_id, kind=kind),
+            FinishLeaseInput(
+                tenant=self._req.tenant, action_id=self._attempt or self._req.action_id, kind=kind
+            ),
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
         )

@@ -1,0 +1,207 @@
+"""Retries by failure class, live (issue #23): a queue's ``retry`` policy turns an
+OOMKilled action into a new attempt with more memory, a preempted one into an attempt
+requeued at the head of its queue, and an application failure into up to N attempts
+after a backoff, then the failure.
+
+On the real dev server with the real control-plane worker in-process (SQLite store) and
+a real cluster worker (``run_cluster_worker``) over the simulated backend: the pods, their
+OOM kills and preemptions are the sim's, reported by its informers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from headway.activities.backends.sim import SimBackend
+from headway.protocol import ActionEventKind, DemandRequest, SubmitRequest
+from headway.scheduler.model import ClusterSpec, NodeGroup
+from headway.scheduler.resources import Pod
+from headway.store import LeaseStore
+from headway.worker.cluster import run_cluster_worker
+from headway.worker.control_plane import build_control_plane_worker
+from headway.workflows import client as hw
+from temporalio.client import Client
+
+from .test_lifecycle import _queue_idle, eventually
+
+pytestmark = pytest.mark.integration
+
+GI = 2**30
+
+
+@dataclass
+class SimPlane:
+    client: Client
+    store: LeaseStore
+    fleet: list[ClusterSpec]
+    backend: SimBackend
+    cluster: str
+
+
+@pytest_asyncio.fixture
+async def sim_plane(client: Client, tmp_path: Path, tenant: str) -> AsyncIterator[SimPlane]:
+    """Control plane + one sim cluster worker (a cluster of its own name per test)."""
+    name = f"sim-{uuid.uuid4().hex[:8]}"
+    fl = [ClusterSpec(name, (NodeGroup("cpu", 2, Pod(cpu=8000, memory=32 * GI)),))]
+    store = LeaseStore(f"sqlite:///{tmp_path / 'leases.db'}")
+    backend = SimBackend(fl[0], startup_s=0.05)
+    stop = asyncio.Event()
+    control = build_control_plane_worker(client, store, fl)
+    control_task = asyncio.create_task(control.run())
+    cluster_task = asyncio.create_task(
+        run_cluster_worker(client, name, backend, tenants=[tenant], stop=stop, heartbeat_s=1.0)
+    )
+    try:
+        yield SimPlane(client, store, fl, backend, name)
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(cluster_task, 10)
+        await control.shutdown()
+        with contextlib.suppress(Exception):
+            await control_task
+        store.close()
+
+
+def req(
+    tenant: str,
+    action_id: str,
+    *,
+    memory: str = "1Gi",
+    duration_s: float = 0.2,
+    inject: str | None = None,
+    queue: str = "default",
+) -> SubmitRequest:
+    return SubmitRequest(
+        action_id=action_id,
+        queue=queue,
+        demand=DemandRequest(resources={"cpu": "1", "memory": memory}),
+        tenant=tenant,
+        duration_s=duration_s,
+        inject=inject,
+    )
+
+
+async def queue(p: SimPlane, tenant: str, **spec: object) -> None:
+    await hw.upsert_queue(p.client, tenant, {"name": "default", **spec}, p.fleet)
+
+
+async def test_an_oom_killed_action_is_retried_with_more_memory(
+    sim_plane: SimPlane, tenant: str
+) -> None:
+    # The work needs 3Gi; asked with 1Gi it is OOMKilled, retried with 2Gi (OOMKilled
+    # again), then 4Gi, which runs.
+    p = sim_plane
+    await queue(p, tenant, retry={"oom": 3, "oom_factor": 2})
+    sub = await hw.submit_action(p.client, req(tenant, "oom1", inject="oom-below:3Gi"))
+    res = await hw.wait_result(sub.handle, action_id="oom1")
+    assert (res.state, res.reason) == ("succeeded", "Succeeded"), res
+    st = await hw.action_state(p.client, tenant, "oom1")
+    got = [(a.action_id, a.outcome) for a in st.attempts]
+    assert got == [("oom1", "OOMKilled"), ("oom1~2", "OOMKilled"), ("oom1~3", "Succeeded")]
+    assert "memory 1Gi -> 2Gi" in st.attempts[0].retry
+    assert "memory 2Gi -> 4Gi" in st.attempts[1].retry
+    # Each attempt's end is in the action's history of events, by its own id.
+    ends = [(e.action_id, e.kind) for e in st.events if e.kind is not ActionEventKind.RUNNING]
+    assert ("oom1", ActionEventKind.OOM_KILLED) in ends
+    assert ("oom1~3", ActionEventKind.SUCCEEDED) in ends
+    await eventually(lambda: _queue_idle(p.client, tenant, "default"))
+    await eventually(lambda: p.store.held_count(tenant, "default") == 0)
+
+
+@pytest.mark.parametrize(
+    ("retry", "attempts", "state", "reason"),
+    [
+        pytest.param({}, ["OOMKilled"], "failed", "OOMKilled", id="no-policy-the-oom-stands"),
+        pytest.param(
+            {"oom": 5, "oom_max_memory": "2Gi"},
+            ["OOMKilled", "OOMKilled"],
+            "failed",
+            "OOMKilled",
+            id="the-memory-cap-ends-the-retries",
+        ),
+    ],
+)
+async def test_an_oom_without_room_to_grow_fails(
+    sim_plane: SimPlane,
+    tenant: str,
+    retry: dict[str, object],
+    attempts: list[str],
+    state: str,
+    reason: str,
+) -> None:
+    p = sim_plane
+    await queue(p, tenant, retry=retry)
+    sub = await hw.submit_action(p.client, req(tenant, "oom2", inject="oom-below:3Gi"))
+    res = await hw.wait_result(sub.handle, action_id="oom2")
+    assert (res.state, res.reason) == (state, reason), res
+    st = await hw.action_state(p.client, tenant, "oom2")
+    assert [a.outcome for a in st.attempts] == attempts
+    await eventually(lambda: p.store.held_count(tenant, "default") == 0)
+
+
+async def test_a_preempted_action_is_requeued_at_the_head_of_its_queue(
+    sim_plane: SimPlane, tenant: str
+) -> None:
+    # One action at a time: "first" runs, "second" and "third" wait behind it. "first"
+    # is preempted; its next attempt goes ahead of both, and runs to its end.
+    p = sim_plane
+    await queue(p, tenant, action_concurrency=1, retry={"lost": 1})
+    first = await hw.submit_action(p.client, req(tenant, "first", duration_s=30))
+    await eventually(lambda: _running(p, tenant, "first"))
+    others = [
+        await hw.submit_action(p.client, req(tenant, a, duration_s=0.2))
+        for a in ("second", "third")
+    ]
+    assert p.backend.preempt("first")
+    await eventually(lambda: _running(p, tenant, "first~2"))
+    # The head of the queue: admitted before the two that waited all along.
+    for a in ("second", "third"):
+        assert (await hw.action_state(p.client, tenant, a)).state == "waiting"
+    assert p.backend.preempt("first~2")  # its one requeue is used: this end stands
+    res = await hw.wait_result(first.handle, action_id="first")
+    assert (res.state, res.reason) == ("failed", "Preempted"), res
+    st = await hw.action_state(p.client, tenant, "first")
+    assert [(a.action_id, a.outcome) for a in st.attempts] == [
+        ("first", "Preempted"),
+        ("first~2", "Preempted"),
+    ]
+    assert "requeued at the head of its queue (retry 1 of 1)" in st.attempts[0].retry
+    for sub, a in zip(others, ("second", "third"), strict=True):
+        assert (await hw.wait_result(sub.handle, action_id=a)).state == "succeeded"
+    await eventually(lambda: p.store.held_count(tenant, "default") == 0)
+
+
+async def _running(p: SimPlane, tenant: str, attempt: str) -> bool:
+    action = attempt.split("~")[0]
+    st = await hw.action_state(p.client, tenant, action)
+    return any(e.action_id == attempt and e.kind is ActionEventKind.RUNNING for e in st.events)
+
+
+async def test_an_application_failure_is_retried_n_times_with_backoff_then_fails(
+    sim_plane: SimPlane, tenant: str
+) -> None:
+    p = sim_plane
+    await queue(p, tenant, retry={"failed": 2, "backoff": "1s"})
+    sub = await hw.submit_action(p.client, req(tenant, "app1", inject="fail"))
+    res = await hw.wait_result(sub.handle, action_id="app1")
+    assert (res.state, res.reason, res.exit_code) == ("failed", "Failed", 1), res
+    st = await hw.action_state(p.client, tenant, "app1")
+    assert [(a.action_id, a.outcome) for a in st.attempts] == [
+        ("app1", "Failed"),
+        ("app1~2", "Failed"),
+        ("app1~3", "Failed"),
+    ]
+    # The backoff doubles: 1 s, then 2 s (read from the policy's note, not the clock).
+    assert "retried after 1s (retry 1 of 2)" in st.attempts[0].retry
+    assert "retried after 2s (retry 2 of 2)" in st.attempts[1].retry
+    assert st.attempts[2].retry == ""
+    await eventually(lambda: p.store.held_count(tenant, "default") == 0)
+    await eventually(lambda: _queue_idle(p.client, tenant, "default"))
