@@ -67,16 +67,16 @@ def next_attempt(
         return None
     count = f"retry {n + 1} of {allowed}"
     if cls == "lost":
-        return Retry(cls, 0.0, tuple(pods), f"{kind}: requeued at the head of its queue ({count})")
+        return Retry(cls, 0.0, tuple(pods), f"requeued at the head ({count})")
     if cls == "failed":
         delay = min(policy.backoff * 2**n, MAX_BACKOFF_S)
-        return Retry(cls, delay, tuple(pods), f"{kind}: retried after {delay:g}s ({count})")
+        return Retry(cls, delay, tuple(pods), f"retried after {delay:g}s ({count})")
     raised = tuple(_raise_memory(p, policy) for p in pods)
     if raised == tuple(pods):
         return None  # no more memory to give (at the cap, or none requested)
     before = max(p.memory for p in pods)
     after = max(p.memory for p in raised)
-    note = f"{kind}: retried with memory {_gi(before)} -> {_gi(after)} per pod ({count})"
+    note = f"memory {_gi(before)} -> {_gi(after)} ({count})"
     return Retry(cls, 0.0, raised, note)
 
 

@@ -527,7 +527,24 @@ async def why(client: Client, tenant: str, action_id: str) -> dict[str, Any]:
     """
     h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
     out: dict[str, Any] = await h.query("why", action_id)
+    if out.get("state") is None:
+        # A retried action waits (or runs) as its latest attempt (``ACTION~N``): asked
+        # by the action's id, the answer is that attempt's, which it names.
+        latest = await _latest_attempt(client, tenant, action_id)
+        if latest is not None:
+            out = await h.query("why", latest)
     return out
+
+
+async def _latest_attempt(client: Client, tenant: str, action_id: str) -> str | None:
+    """The id of the action's latest attempt when it is not its first, else None."""
+    try:
+        st = await action_state(client, tenant, action_id)
+    except Exception:  # not an action, or ended and no worker to replay it: as asked
+        return None
+    if st.attempts and st.attempts[-1].action_id != action_id:
+        return st.attempts[-1].action_id
+    return None
 
 
 async def action_state(client: Client, tenant: str, action_id: str) -> ActionStatus:

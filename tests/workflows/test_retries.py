@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from click.testing import CliRunner
 from headway.activities.backends.sim import SimBackend
+from headway.cli.main import cli
 from headway.protocol import ActionEventKind, DemandRequest, SubmitRequest
 from headway.scheduler.model import ClusterSpec, NodeGroup
 from headway.scheduler.resources import Pod
@@ -114,6 +116,21 @@ async def test_an_oom_killed_action_is_retried_with_more_memory(
     assert ("oom1~3", ActionEventKind.SUCCEEDED) in ends
     await eventually(lambda: _queue_idle(p.client, tenant, "default"))
     await eventually(lambda: p.store.held_count(tenant, "default") == 0)
+    # As a user sees it: `headway describe action` lists the attempts.
+    out = await _cli(p, tenant, "describe", "action", "oom1")
+    assert "Attempts (3)" in out
+    assert "oom1~2" in out and "memory 1Gi -> 2Gi" in out
+    print("\n" + out)
+
+
+async def _cli(p: SimPlane, tenant: str, *args: str) -> str:
+    """The ``headway`` command against the test server (in a thread: it runs its own
+    event loop)."""
+    addr = p.client.service_client.config.target_host
+    argv = ["--address", addr, "--tenant", tenant, *args]
+    res = await asyncio.to_thread(CliRunner().invoke, cli, argv, terminal_width=200)
+    assert res.exit_code == 0, res.output
+    return res.output
 
 
 @pytest.mark.parametrize(
@@ -162,6 +179,9 @@ async def test_a_preempted_action_is_requeued_at_the_head_of_its_queue(
     ]
     assert p.backend.preempt("first")
     await eventually(lambda: _running(p, tenant, "first~2"))
+    # `why first` answers for its latest attempt, which it names.
+    why = await hw.why(p.client, tenant, "first")
+    assert (why["action_id"], why["state"]) == ("first~2", "running"), why
     # The head of the queue: admitted before the two that waited all along.
     for a in ("second", "third"):
         assert (await hw.action_state(p.client, tenant, a)).state == "waiting"
@@ -173,7 +193,7 @@ async def test_a_preempted_action_is_requeued_at_the_head_of_its_queue(
         ("first", "Preempted"),
         ("first~2", "Preempted"),
     ]
-    assert "requeued at the head of its queue (retry 1 of 1)" in st.attempts[0].retry
+    assert "requeued at the head (retry 1 of 1)" in st.attempts[0].retry
     for sub, a in zip(others, ("second", "third"), strict=True):
         assert (await hw.wait_result(sub.handle, action_id=a)).state == "succeeded"
     await eventually(lambda: p.store.held_count(tenant, "default") == 0)
