@@ -209,7 +209,14 @@ async def test_an_application_failure_is_retried_n_times_with_backoff_then_fails
     sim_plane: SimPlane, tenant: str
 ) -> None:
     p = sim_plane
-    await queue(p, tenant, retry={"failed": 2, "backoff": "1s"})
+    await queue(p, tenant)
+    # Set as a user would, on the queue as it is.
+    out = await _cli(
+        p, tenant, "update", "queue", "default", "--retry-failed", "2", "--retry-backoff", "1s"
+    )
+    assert "default" in out
+    policy = (await hw.get_queues(p.client, tenant))["default"]["spec"]["retry"]
+    assert (policy["failed"], policy["backoff"]) == (2, 1.0)
     sub = await hw.submit_action(p.client, req(tenant, "app1", inject="fail"))
     res = await hw.wait_result(sub.handle, action_id="app1")
     assert (res.state, res.reason, res.exit_code) == ("failed", "Failed", 1), res
