@@ -152,6 +152,9 @@ class ActionEventKind(StrEnum):
     POD_LOST = "PodLost"
     IMAGE_PULL_FAILED = "ImagePullFailed"
     UNSCHEDULABLE = "Unschedulable"
+    #: Decided by the control plane, never reported by a worker: the pods were not all
+    #: running within the queue's ``ready_timeout`` after dispatch (deleted since).
+    NOT_READY = "NotReady"
 
 
 #: Event kinds after which the action is over.
@@ -316,3 +319,6 @@ class Admission:
     node_hints: list[str] = field(default_factory=list)
     decided_at: float = 0.0
     reasons: list[str] = field(default_factory=list)
+    #: The queue's ``ready_timeout`` (seconds) when it has one: every pod must run that
+    #: long after dispatch, or the attempt ends ``NotReady`` (revision 4+).
+    ready_timeout: float | None = None

@@ -139,7 +139,7 @@ def retry_to_entry(policy: RetryPolicy) -> dict[str, Any]:
     out = policy.to_dict()
     if policy.oom_max_memory is not None:
         out["oom_max_memory"] = format_memory(policy.oom_max_memory)
-    out["backoff"] = (
-        int(policy.backoff) if policy.backoff == int(policy.backoff) else policy.backoff
-    )
+    for key in ("backoff", "ready_timeout"):
+        v = out[key]
+        out[key] = int(v) if v is not None and v == int(v) else v
     return out

@@ -115,8 +115,11 @@ _RETRY_HELP = {
     "retry_failed": "Retries after a non-zero exit (default 0).",
     "retry_backoff": "Wait before the first retry of a failure, doubled each next, e.g. 30s"
     " (default 30s).",
+    "retry_ready_timeout": "Pods not all running this long after dispatch, e.g. 10m: deleted"
+    " and requeued ('unlimited' unsets, the default).",
+    "retry_not_ready": "Requeues after a ready timeout before it fails NotReady (default 2).",
 }
-_RETRY_COUNTS = ("retry_oom", "retry_lost", "retry_failed")
+_RETRY_COUNTS = ("retry_oom", "retry_lost", "retry_failed", "retry_not_ready")
 
 
 def _retry_flags(old: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -137,7 +140,9 @@ def _retry_flags(old: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> dic
                 ) from None
         elif flag == "retry_oom_factor":
             out[key] = _number(value, "--retry-oom-factor")
-        elif flag == "retry_oom_max_memory" and str(value).lower() in UNSET_WORDS:
+        elif flag in ("retry_oom_max_memory", "retry_ready_timeout") and (
+            str(value).lower() in UNSET_WORDS
+        ):
             out[key] = None
         else:
             out[key] = value

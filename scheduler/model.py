@@ -126,6 +126,10 @@ class RetryPolicy:
             (``Preempted``, ``Evicted``, ``NodeLost``, ``PodLost``): at the head at once.
         failed: retries after an application failure (non-zero exit), the first after
             ``backoff`` seconds, each next one after twice the last.
+        ready_timeout: seconds after its dispatch by which every pod of an attempt must
+            run (None: no limit); past it the pods are deleted, the reservation released
+            and the attempt ends ``NotReady`` with the latest Kubernetes message.
+        not_ready: retries after ``NotReady``, after ``backoff`` as ``failed``.
     """
 
     oom: int = 0
@@ -134,6 +138,8 @@ class RetryPolicy:
     lost: int = 0
     failed: int = 0
     backoff: float = 30.0
+    ready_timeout: float | None = None
+    not_ready: int = 2
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -143,6 +149,8 @@ class RetryPolicy:
             "lost": self.lost,
             "failed": self.failed,
             "backoff": self.backoff,
+            "ready_timeout": self.ready_timeout,
+            "not_ready": self.not_ready,
         }
 
     @staticmethod
@@ -163,7 +171,7 @@ class RetryPolicy:
                 f"{field}.{unknown[0]}: not a retry setting (one of {', '.join(known)})"
             )
         out: dict[str, Any] = {}
-        for key in ("oom", "lost", "failed"):
+        for key in ("oom", "lost", "failed", "not_ready"):
             if key in value:
                 out[key] = _count(value[key], f"{field}.{key}")
         if "oom_factor" in value:
@@ -175,8 +183,9 @@ class RetryPolicy:
         cap = value.get("oom_max_memory")
         if cap is not None:
             out["oom_max_memory"] = parse_memory(cap, f"{field}.oom_max_memory")
-        if value.get("backoff") is not None:
-            out["backoff"] = parse_seconds(value["backoff"], f"{field}.backoff")
+        for key in ("backoff", "ready_timeout"):
+            if value.get(key) is not None:
+                out[key] = parse_seconds(value[key], f"{field}.{key}")
         return RetryPolicy(**out)
 
 
@@ -330,7 +339,8 @@ QUEUE_KNOBS: tuple[Knob, ...] = (
         KnobKind.retry,
         "Retries by failure class: oom (memory x oom_factor up to oom_max_memory), lost"
         " (preempted, evicted, node or pod lost: requeued at the head), failed (non-zero"
-        " exit, after backoff, doubling); all 0 by default.",
+        " exit, after backoff, doubling); all 0 by default. ready_timeout: pods not all"
+        " running that long after dispatch are deleted and requeued (not_ready times).",
         "the action's end: a failure of a class with retries left is requeued as a new attempt",
     ),
 )

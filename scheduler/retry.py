@@ -15,13 +15,15 @@ from dataclasses import dataclass, replace
 from .model import RetryPolicy
 from .resources import Pod
 
-__all__ = ["LOST_KINDS", "OOM_KIND", "Retry", "failure_class", "next_attempt"]
+__all__ = ["LOST_KINDS", "NOT_READY_KIND", "OOM_KIND", "Retry", "failure_class", "next_attempt"]
 
 #: Ends that lose the work through no fault of its own: requeued at the head.
 LOST_KINDS = frozenset({"Preempted", "Evicted", "NodeLost", "PodLost"})
 OOM_KIND = "OOMKilled"
 #: The application's own failure (a non-zero exit).
 FAILED_KIND = "Failed"
+#: Pods not all running within the queue's ``ready_timeout`` after dispatch.
+NOT_READY_KIND = "NotReady"
 #: Longest wait between two retries of an application failure.
 MAX_BACKOFF_S = 3600.0
 
@@ -30,20 +32,23 @@ MAX_BACKOFF_S = 3600.0
 class Retry:
     """The next attempt: its failure class, wait before requeueing, pods, and why."""
 
-    cls: str  # "oom" | "lost" | "failed"
+    cls: str  # "oom" | "lost" | "failed" | "not_ready"
     delay: float
     pods: tuple[Pod, ...]
     note: str
 
 
 def failure_class(kind: str) -> str | None:
-    """``oom``, ``lost`` or ``failed`` for an end of that class; None for any other."""
+    """``oom``, ``lost``, ``failed`` or ``not_ready`` for an end of that class; None for
+    any other."""
     if kind == OOM_KIND:
         return "oom"
     if kind in LOST_KINDS:
         return "lost"
     if kind == FAILED_KIND:
         return "failed"
+    if kind == NOT_READY_KIND:
+        return "not_ready"
     return None
 
 
@@ -61,14 +66,19 @@ def next_attempt(
     cls = failure_class(kind)
     if cls is None:
         return None
-    allowed = {"oom": policy.oom, "lost": policy.lost, "failed": policy.failed}[cls]
+    allowed = {
+        "oom": policy.oom,
+        "lost": policy.lost,
+        "failed": policy.failed,
+        "not_ready": policy.not_ready,
+    }[cls]
     n = used.get(cls, 0)
     if n >= allowed:
         return None
     count = f"retry {n + 1} of {allowed}"
     if cls == "lost":
         return Retry(cls, 0.0, tuple(pods), f"requeued at the head ({count})")
-    if cls == "failed":
+    if cls in ("failed", "not_ready"):
         delay = min(policy.backoff * 2**n, MAX_BACKOFF_S)
         return Retry(cls, delay, tuple(pods), f"retried after {delay:g}s ({count})")
     raised = tuple(_raise_memory(p, policy) for p in pods)

@@ -25,6 +25,7 @@ state machine that schedules it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -242,6 +243,10 @@ class ActionWorkflow:
         # Revision 4+: the id of the attempt under way ("" before ``run`` or earlier
         # revisions): only its admission and its terminal event count.
         self._attempt = ""
+        # Revision 4+, the attempt under way: its pods seen running, and the latest
+        # message the cluster gave about it (what a ready timeout reports).
+        self._ready: set[str] = set()
+        self._said = ""
 
     # --- handlers -----------------------------------------------------------------
 
@@ -268,6 +273,10 @@ class ActionWorkflow:
             del events[: len(events) - MAX_EVENTS]
         if self._attempt and event.action_id != self._attempt:
             return  # kept in the events, but an earlier attempt's end is not this one's
+        if event.message:
+            self._said = event.message
+        if event.kind is ActionEventKind.RUNNING and event.pod:
+            self._ready.add(event.pod)
         if event.kind in protocol.TERMINAL_EVENTS and self._terminal is None:
             self._terminal = event
 
@@ -508,6 +517,7 @@ class ActionWorkflow:
                 meta={**spec.meta, "attempt": number, "queued_at": now},
             )
             self._admission, self._terminal, self._attempt = None, None, nxt.id
+            self._ready, self._said = set(), ""
             st.attempts.append(Attempt(number, nxt.id))
             await workflow.execute_local_activity(
                 REQUEUE_LEASE_ACTIVITY,
@@ -553,6 +563,10 @@ class ActionWorkflow:
             node_hints=list(admission.node_hints),
         )
         try:
+            if admission.ready_timeout is not None and self._attempt:
+                return await self._run_until_ready(
+                    req, dispatch, admission, admission.ready_timeout
+                )
             result: ActionEvent = await workflow.execute_activity(
                 protocol.RUN_ACTION_ACTIVITY,
                 dispatch,
@@ -584,6 +598,54 @@ class ActionWorkflow:
             raise asyncio.CancelledError() from err
         return result
 
+    async def _run_until_ready(
+        self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission, timeout: float
+    ) -> ActionEvent:
+        """The run activity, given ``timeout`` seconds for every pod to be running; past
+        it the pods are deleted (the activity cancelled, then whatever is left) and the
+        attempt ends ``NotReady`` with the latest message the cluster gave (e.g. ``0/3
+        nodes are available: 1 Insufficient nvidia.com/gpu``)."""
+        handle = workflow.start_activity(
+            protocol.RUN_ACTION_ACTIVITY,
+            dispatch,
+            result_type=ActionEvent,
+            task_queue=protocol.cluster_task_queue(admission.cluster),
+            start_to_close_timeout=timedelta(days=30),
+            heartbeat_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                maximum_interval=timedelta(seconds=30),
+                maximum_attempts=20,
+            ),
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        )
+        want = len(dispatch.pods)
+        try:
+            await workflow.wait_condition(
+                lambda: handle.done() or len(self._ready) >= want,
+                timeout=timedelta(seconds=timeout),
+            )
+        except TimeoutError:
+            handle.cancel()
+            # Cancelled, as asked: the run activity deleted the pods on its way out.
+            with contextlib.suppress(ActivityError):
+                await handle
+            await self._delete_left(req, dispatch, admission)
+            running = len(self._ready)
+            return ActionEvent(
+                dispatch.action_id,
+                ActionEventKind.NOT_READY,
+                admission.cluster,
+                message=f"{running}/{want} pods running {timeout:g}s after dispatch: "
+                + (self._said or "no word from the cluster"),
+                observed_at=workflow.now().timestamp(),
+            )
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+        result: ActionEvent = await handle
+        return result
+
     def _conclude(self, req: SubmitRequest, result: ActionEvent) -> ActionResult:
         """End with the attempt's outcome: succeeded, or raise its failure."""
         if self._terminal is None or self._terminal.kind != result.kind:
@@ -610,6 +672,13 @@ class ActionWorkflow:
     async def _cancel_running(
         self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission
     ) -> None:
+        await self._delete_left(req, dispatch, admission)
+        await self._release("finished")
+        self._end("cancelled", "Cancelled")
+
+    async def _delete_left(
+        self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission
+    ) -> None:
         # Cancelling the run activity deleted the pods; make sure nothing is left.
         try:
             await workflow.execute_activity(
@@ -623,8 +692,6 @@ class ActionWorkflow:
             # Still cancelled: the run activity's own cancellation deleted the pods;
             # this was the belt to its braces.
             workflow.logger.warning("delete of %s failed: %s", req.action_id, err)
-        await self._release("finished")
-        self._end("cancelled", "Cancelled")
 
     # --- helpers ------------------------------------------------------------------
 

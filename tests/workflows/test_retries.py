@@ -50,10 +50,32 @@ class SimPlane:
 @pytest_asyncio.fixture
 async def sim_plane(client: Client, tmp_path: Path, tenant: str) -> AsyncIterator[SimPlane]:
     """Control plane + one sim cluster worker (a cluster of its own name per test)."""
+    async with _plane(client, tmp_path, tenant, cpu=8000) as p:
+        yield p
+
+
+@pytest_asyncio.fixture
+async def blind_plane(client: Client, tmp_path: Path, tenant: str) -> AsyncIterator[SimPlane]:
+    """As ``sim_plane``, but the cluster's nodes are 1-core where the fleet file says 8,
+    and its worker reports no capacity (unknown means open): the scheduler admits a
+    2-core pod that the cluster can never start."""
+    async with _plane(client, tmp_path, tenant, cpu=1000) as p:
+        yield p
+
+
+@contextlib.asynccontextmanager
+async def _plane(client: Client, tmp_path: Path, tenant: str, cpu: int) -> AsyncIterator[SimPlane]:
     name = f"sim-{uuid.uuid4().hex[:8]}"
     fl = [ClusterSpec(name, (NodeGroup("cpu", 2, Pod(cpu=8000, memory=32 * GI)),))]
     store = LeaseStore(f"sqlite:///{tmp_path / 'leases.db'}")
-    backend = SimBackend(fl[0], startup_s=0.05)
+    real = (
+        fl[0]
+        if cpu == 8000
+        else ClusterSpec(
+            name, (NodeGroup("cpu", 2, Pod(cpu=cpu, memory=32 * GI)),), reports_capacity=False
+        )
+    )
+    backend = SimBackend(real, startup_s=0.05)
     stop = asyncio.Event()
     control = build_control_plane_worker(client, store, fl)
     control_task = asyncio.create_task(control.run())
@@ -232,3 +254,30 @@ async def test_an_application_failure_is_retried_n_times_with_backoff_then_fails
     assert st.attempts[2].retry == ""
     await eventually(lambda: p.store.held_count(tenant, "default") == 0)
     await eventually(lambda: _queue_idle(p.client, tenant, "default"))
+
+
+async def test_a_pod_that_never_starts_is_requeued_then_fails_not_ready(
+    blind_plane: SimPlane, tenant: str
+) -> None:
+    # Ready within 1 s of dispatch, or deleted and requeued (once, after 0.5 s).
+    p = blind_plane
+    await queue(p, tenant, retry={"ready_timeout": "1s", "not_ready": 1, "backoff": 0.5})
+    r = req(tenant, "never")
+    r.demand = DemandRequest(resources={"cpu": "2", "memory": "1Gi"})
+    sub = await hw.submit_action(p.client, r)
+    res = await hw.wait_result(sub.handle, action_id="never")
+    assert (res.state, res.reason) == ("failed", "NotReady"), res
+    # The latest word of the cluster is the reason's detail.
+    assert res.message.startswith("0/1 pods running 1s after dispatch: 0/2 nodes are available")
+    assert "Insufficient cpu" in res.message
+    st = await hw.action_state(p.client, tenant, "never")
+    assert [(a.action_id, a.outcome) for a in st.attempts] == [
+        ("never", "NotReady"),
+        ("never~2", "NotReady"),
+    ]
+    assert st.attempts[0].retry == "retried after 0.5s (retry 1 of 1)"
+    # Pods deleted, reservation released.
+    assert p.backend.pods("never") == {} and p.backend.pods("never~2") == {}
+    await eventually(lambda: p.store.held_count(tenant, "default") == 0)
+    await eventually(lambda: _queue_idle(p.client, tenant, "default"))
+    print("\nready timeout:", res.reason, "-", res.message)
