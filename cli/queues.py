@@ -23,6 +23,7 @@ from headway.scheduler.model import (
     OrgLimits,
     QueueSpec,
     QueueStatus,
+    RetryPolicy,
 )
 
 from ._common import Settings, check_name, no_tenant, settings, with_client
@@ -196,6 +197,24 @@ def _apply_flags(entry: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, A
     if retry is not None:
         out["retry"] = retry
     return out
+
+
+def _show_retry(policy: Mapping[str, Any] | None) -> str:
+    """A retry policy on one line: what each class gets, or "none"."""
+    p = RetryPolicy.parse(policy)
+    parts = []
+    if p.oom:
+        cap = f", up to {fmt_memory(p.oom_max_memory)}" if p.oom_max_memory else ""
+        parts.append(f"oom {p.oom} (memory x{p.oom_factor:g}{cap})")
+    if p.lost:
+        parts.append(f"lost {p.lost} (at the head)")
+    if p.failed:
+        parts.append(f"failed {p.failed}")
+    if p.ready_timeout is not None:
+        parts.append(f"ready within {duration(p.ready_timeout)} ({p.not_ready} requeues)")
+    if p.failed or p.ready_timeout is not None:
+        parts.append(f"backoff {duration(p.backoff)}")
+    return ", ".join(parts) or "none"
 
 
 def _rate_flags(rate: str | None, burst: str | None) -> tuple[bool, float | None, float | None]:
@@ -836,6 +855,8 @@ def describe_queue(
             value = _show_org(value) if value is not None else "unlimited"
         elif key in _SECONDS_FLAGS:
             value = duration(value) if value is not None else "unlimited"
+        elif key == "retry":
+            value = _show_retry(value)
         b.field(key, value, indent=2)
     if live is None:
         b.field("Actions", "(the scheduler's state could not be read: lists left out)")

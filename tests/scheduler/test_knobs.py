@@ -41,7 +41,16 @@ EVERY_KNOB_SET = QueueSpec(
     max_resources=Quota(cpu=8000, memory=2**34, eph=None, gpu=8, gpu_type="H100"),
     clusters=("c1", "c2"),
     status=QueueStatus.draining,
-    retry=RetryPolicy(oom=2, oom_factor=1.5, oom_max_memory=2**36, lost=3, failed=1, backoff=5.0),
+    retry=RetryPolicy(
+        oom=2,
+        oom_factor=1.5,
+        oom_max_memory=2**36,
+        lost=3,
+        failed=1,
+        backoff=5.0,
+        ready_timeout=600.0,
+        not_ready=1,
+    ),
 )
 
 

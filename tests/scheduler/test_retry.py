@@ -63,6 +63,16 @@ ONE = (Pod(cpu=1000, memory=GI),)
             RetryPolicy(oom=9, lost=9, failed=9), "ImagePullFailed", {}, None, id="no-class"
         ),
         pytest.param(RetryPolicy(oom=9, lost=9, failed=9), "Succeeded", {}, None, id="success"),
+        pytest.param(
+            RetryPolicy(ready_timeout=60, backoff=5),
+            "NotReady",
+            {"not_ready": 1},
+            ("not_ready", 10.0, GI),
+            id="not-ready-backs-off-as-failed",
+        ),
+        pytest.param(
+            RetryPolicy(ready_timeout=60), "NotReady", {"not_ready": 2}, None, id="not-ready-used"
+        ),
     ],
 )
 def test_the_next_attempt_by_failure_class(
@@ -96,6 +106,8 @@ def test_every_pod_of_a_gang_gets_more_memory() -> None:
         pytest.param({"backoff": "soon"}, "retry.backoff: 'soon' is not a duration", id="backoff"),
         pytest.param({"oom_max_memory": "lots"}, "retry.oom_max_memory", id="memory"),
         pytest.param({"evicted": 1}, "retry.evicted: not a retry setting", id="unknown-key"),
+        pytest.param({"ready_timeout": "-1"}, "retry.ready_timeout: '-1' must be >= 0", id="ready"),
+        pytest.param({"not_ready": 1.5}, "retry.not_ready: 1.5 must be a non-negative", id="tries"),
         pytest.param(3, "retry: 3 is not a mapping", id="not-a-mapping"),
     ],
 )

@@ -239,6 +239,8 @@ async def test_an_application_failure_is_retried_n_times_with_backoff_then_fails
     assert "default" in out
     policy = (await hw.get_queues(p.client, tenant))["default"]["spec"]["retry"]
     assert (policy["failed"], policy["backoff"]) == (2, 1.0)
+    shown = await _cli(p, tenant, "describe", "queue", "default")
+    assert "failed 2, backoff 1s" in shown, shown
     sub = await hw.submit_action(p.client, req(tenant, "app1", inject="fail"))
     res = await hw.wait_result(sub.handle, action_id="app1")
     assert (res.state, res.reason, res.exit_code) == ("failed", "Failed", 1), res
@@ -281,3 +283,25 @@ async def test_a_pod_that_never_starts_is_requeued_then_fails_not_ready(
     await eventually(lambda: p.store.held_count(tenant, "default") == 0)
     await eventually(lambda: _queue_idle(p.client, tenant, "default"))
     print("\nready timeout:", res.reason, "-", res.message)
+
+
+async def test_an_action_cancelled_while_it_backs_off_ends_cancelled_holding_nothing(
+    sim_plane: SimPlane, tenant: str
+) -> None:
+    p = sim_plane
+    await queue(p, tenant, retry={"failed": 3, "backoff": "1h"})
+    sub = await hw.submit_action(p.client, req(tenant, "app2", inject="fail"))
+
+    async def backing_off() -> bool:
+        st = await hw.action_state(p.client, tenant, "app2")
+        return st.reason == "Retrying"
+
+    await eventually(backing_off)
+    await eventually(lambda: p.store.held_count(tenant, "default") == 0)  # released
+    await hw.cancel(p.client, tenant, "app2")
+    res = await hw.wait_result(sub.handle, action_id="app2")
+    assert res.state == "cancelled", res
+    st = await hw.action_state(p.client, tenant, "app2")
+    assert [(a.action_id, a.outcome) for a in st.attempts] == [("app2", "Failed")]
+    assert p.store.held_count(tenant, "default") == 0
+    await eventually(lambda: _queue_idle(p.client, tenant, "default"))
