@@ -16,10 +16,12 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 from click.testing import CliRunner
+from headway import protocol
 from headway.activities.backends.sim import SimBackend
 from headway.cli.main import cli
 from headway.protocol import ActionEventKind, DemandRequest, SubmitRequest
@@ -29,7 +31,9 @@ from headway.store import LeaseStore
 from headway.worker.cluster import run_cluster_worker
 from headway.worker.control_plane import build_control_plane_worker
 from headway.workflows import client as hw
-from temporalio.client import Client
+from headway.workflows.action import ActionWorkflow
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Replayer
 
 from .test_lifecycle import _queue_idle, eventually
 
@@ -138,11 +142,20 @@ async def test_an_oom_killed_action_is_retried_with_more_memory(
     assert ("oom1~3", ActionEventKind.SUCCEEDED) in ends
     await eventually(lambda: _queue_idle(p.client, tenant, "default"))
     await eventually(lambda: p.store.held_count(tenant, "default") == 0)
+    await _replays(sub.handle)
     # As a user sees it: `headway describe action` lists the attempts.
     out = await _cli(p, tenant, "describe", "action", "oom1")
     assert "Attempts (3)" in out
     assert "oom1~2" in out and "memory 1Gi -> 2Gi" in out
     print("\n" + out)
+
+
+async def _replays(handle: WorkflowHandle[Any, Any]) -> None:
+    """The action's recorded history replays with today's code (deterministic)."""
+    history = await handle.fetch_history()
+    replayer = Replayer(workflows=[ActionWorkflow], data_converter=protocol.data_converter())
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
 
 
 async def _cli(p: SimPlane, tenant: str, *args: str) -> str:
@@ -278,6 +291,7 @@ async def test_a_pod_that_never_starts_is_requeued_then_fails_not_ready(
         ("never~2", "NotReady"),
     ]
     assert st.attempts[0].retry == "retried after 0.5s (retry 1 of 1)"
+    await _replays(sub.handle)
     # Pods deleted, reservation released.
     assert p.backend.pods("never") == {} and p.backend.pods("never~2") == {}
     await eventually(lambda: p.store.held_count(tenant, "default") == 0)
