@@ -311,6 +311,9 @@ async def test_an_action_cancelled_while_it_backs_off_ends_cancelled_holding_not
         return st.reason == "Retrying"
 
     await eventually(backing_off)
+    why = await hw.why(p.client, tenant, "app2")
+    assert why["reason"] == "Retrying", why
+    assert why["message"] == "attempt 1 ended Failed: retried after 3600s (retry 1 of 3)"
     await eventually(lambda: p.store.held_count(tenant, "default") == 0)  # released
     await hw.cancel(p.client, tenant, "app2")
     res = await hw.wait_result(sub.handle, action_id="app2")
