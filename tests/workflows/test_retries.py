@@ -322,3 +322,34 @@ async def test_an_action_cancelled_while_it_backs_off_ends_cancelled_holding_not
     assert [(a.action_id, a.outcome) for a in st.attempts] == [("app2", "Failed")]
     assert p.store.held_count(tenant, "default") == 0
     await eventually(lambda: _queue_idle(p.client, tenant, "default"))
+
+
+async def test_the_readme_retry_commands_run_as_written(sim_plane: SimPlane, tenant: str) -> None:
+    p = sim_plane
+    for line in (
+        "create queue backfill --priority low --run-concurrency 10"
+        " --action-concurrency 200 --depth 10000 --max-gpu 8",
+        "update queue backfill --retry-oom 2 --retry-oom-max-memory 64Gi"
+        " --retry-lost 3 --retry-failed 1 --retry-backoff 1m",
+        "update queue backfill --retry-ready-timeout 10m",
+    ):
+        await _cli(p, tenant, *line.split())
+    got = (await hw.get_queues(p.client, tenant))["backfill"]["spec"]["retry"]
+    assert got == {
+        "oom": 2,
+        "oom_factor": 2.0,
+        "oom_max_memory": 64 * GI,
+        "lost": 3,
+        "failed": 1,
+        "backoff": 60.0,
+        "ready_timeout": 600.0,
+        "not_ready": 2,
+    }
+    shown = await _cli(p, tenant, "describe", "queue", "backfill")
+    # (wrapped at 80 columns)
+    assert "retry:               oom 2 (memory x2, up to 64Gi), lost 3 (at the head)," in shown
+    assert "failed 1, ready within 10m00s (2 requeues), backoff 1m00s" in shown, shown
+    # 'unlimited' unsets the ready timeout.
+    await _cli(p, tenant, "update", "queue", "backfill", "--retry-ready-timeout", "unlimited")
+    got = (await hw.get_queues(p.client, tenant))["backfill"]["spec"]["retry"]
+    assert got["ready_timeout"] is None
