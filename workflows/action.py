@@ -480,8 +480,18 @@ class ActionWorkflow:
                 self._end("cancelled", "Cancelled")
                 raise
             if self._rejection is not None:
+                # The scheduler refused the retry (e.g. its raised memory fits no node,
+                # or it waited past max_queued_time): the failure it retried stands.
+                rj = self._rejection
                 await self._release("rejected")
-                return self._end_rejected(self._rejection.reason, self._rejection.message)
+                st.attempts[-1].outcome, st.attempts[-1].message = rj.reason, rj.message
+                said = result.message or result.kind.value
+                result = replace(
+                    result,
+                    message=f"{said}; its retry was refused: {rj.reason}: {rj.message}",
+                )
+                self._terminal = result  # its end is in the events already
+                return self._conclude(req, result)
             assert self._admission is not None
             admission = self._admission
 

@@ -169,15 +169,22 @@ async def _cli(p: SimPlane, tenant: str, *args: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("retry", "attempts", "state", "reason"),
+    ("retry", "memory", "attempts", "message"),
     [
-        pytest.param({}, ["OOMKilled"], "failed", "OOMKilled", id="no-policy-the-oom-stands"),
+        pytest.param({}, "1Gi", ["OOMKilled"], "OOMKilled", id="no-policy-the-oom-stands"),
         pytest.param(
             {"oom": 5, "oom_max_memory": "2Gi"},
+            "1Gi",
             ["OOMKilled", "OOMKilled"],
-            "failed",
             "OOMKilled",
             id="the-memory-cap-ends-the-retries",
+        ),
+        pytest.param(
+            {"oom": 1},
+            "20Gi",
+            ["OOMKilled", "Unschedulable"],
+            "OOMKilled; its retry was refused: Unschedulable: ",
+            id="a-retry-no-node-can-hold-is-refused-and-the-oom-stands",
         ),
     ],
 )
@@ -185,17 +192,22 @@ async def test_an_oom_without_room_to_grow_fails(
     sim_plane: SimPlane,
     tenant: str,
     retry: dict[str, object],
+    memory: str,
     attempts: list[str],
-    state: str,
-    reason: str,
+    message: str,
 ) -> None:
+    # The nodes have 32Gi; the work needs 64Gi.
     p = sim_plane
     await queue(p, tenant, retry=retry)
-    sub = await hw.submit_action(p.client, req(tenant, "oom2", inject="oom-below:3Gi"))
+    r = req(tenant, "oom2", memory=memory, inject="oom-below:64Gi")
+    sub = await hw.submit_action(p.client, r)
     res = await hw.wait_result(sub.handle, action_id="oom2")
-    assert (res.state, res.reason) == (state, reason), res
+    assert (res.state, res.reason) == ("failed", "OOMKilled"), res
+    assert res.message.startswith(message), res.message
     st = await hw.action_state(p.client, tenant, "oom2")
     assert [a.outcome for a in st.attempts] == attempts
+    await _replays(sub.handle)
+    print("\n", res.reason, "-", res.message)
     await eventually(lambda: p.store.held_count(tenant, "default") == 0)
 
 
