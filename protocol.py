@@ -156,6 +156,9 @@ class ActionEventKind(StrEnum):
     POD_LOST = "PodLost"
     IMAGE_PULL_FAILED = "ImagePullFailed"
     UNSCHEDULABLE = "Unschedulable"
+    #: Decided by the control plane, never reported by a worker: the pods were not all
+    #: running within the queue's ``ready_timeout`` after dispatch (deleted since).
+    NOT_READY = "NotReady"
 
 
 #: Event kinds after which the action is over.
@@ -261,7 +264,9 @@ ACTION_WORKFLOW = "ActionWorkflow"
 #: Revision 2 starts without search attributes and writes them once in the first task.
 #: Revision 3 keeps the first outcome the workflow hears (a retried ``run_action`` that
 #: finds the pods deleted after they ended does not turn success into PodLost).
-ACTION_REVISION = 3
+#: Revision 4 retries by failure class (the queue's ``retry`` policy): each attempt after
+#: the first is a lease and a dispatch of its own, as ``<action_id>~<n>`` (issue #23).
+ACTION_REVISION = 4
 SCHEDULER_WORKFLOW = "SchedulerWorkflow"
 
 #: Cluster-local activity, on ``cluster_task_queue(cluster)``: creates the action's pods
@@ -336,3 +341,6 @@ class Admission:
     node_hints: list[str] = field(default_factory=list)
     decided_at: float = 0.0
     reasons: list[str] = field(default_factory=list)
+    #: The queue's ``ready_timeout`` (seconds) when it has one: every pod must run that
+    #: long after dispatch, or the attempt ends ``NotReady`` (revision 4+).
+    ready_timeout: float | None = None

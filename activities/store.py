@@ -47,7 +47,7 @@ from headway import protocol
 from headway.activities.fairness import ShardFairness
 from headway.protocol import Admission
 from headway.scheduler.door import QueueDoor
-from headway.scheduler.model import ClusterSpec, QueueStatus, RateLimit
+from headway.scheduler.model import ClusterSpec, QueueStatus, RateLimit, RetryPolicy
 from headway.store import DONE_CHANNEL, LeaseStore, Nudge, Put, queue_channel
 from headway.store.config import ConfigStore
 from headway.store.history import PRUNE_EVERY_S, Finished, HistoryStore, row_values
@@ -59,6 +59,8 @@ from headway.workflows.shared import (
     NUDGE_SIGNAL,
     PUT_LEASE_ACTIVITY,
     PUT_LEASE_WAIT_ACTIVITY,
+    REQUEUE_LEASE_ACTIVITY,
+    RETRY_POLICY_ACTIVITY,
     SET_DOOR_ACTIVITY,
     SYNC_ACTIVITY,
     DoorInput,
@@ -66,6 +68,7 @@ from headway.workflows.shared import (
     PutLeaseInput,
     PutLeaseOutput,
     Rejection,
+    RequeueLeaseInput,
     SchedulerInput,
     SyncInput,
     SyncOutput,
@@ -411,6 +414,41 @@ class StoreActivities:
         task = asyncio.create_task(asyncio.to_thread(self.history.prune, time.time() - keep))
         self._pruning = task  # kept referenced until it is done
         task.add_done_callback(_log_prune_failure)
+
+    @activity.defn(name=REQUEUE_LEASE_ACTIVITY)
+    async def requeue_lease(self, inp: RequeueLeaseInput) -> bool:
+        """End attempt ``inp.ended``'s lease and put the next attempt's, in one
+        transaction past the door (``LeaseStore.requeue``); nudge the scheduler if needed.
+
+        Returns:
+            Whether a nudge was sent.
+        """
+        lease = inp.lease
+        if self.fairness is not None:
+            self.fairness.touch(lease.tenant)
+        put = await asyncio.to_thread(
+            self.store.requeue,
+            lease.tenant,
+            inp.ended,
+            lease.action_id,
+            lease.queue,
+            lease.workflow_id,
+            lease.spec,
+            lease.submitted_at,
+        )
+        if put.nudge:
+            await self.nudge(lease.tenant, queue_channel(lease.queue))
+        return put.nudge
+
+    @activity.defn(name=RETRY_POLICY_ACTIVITY)
+    async def retry_policy(self, req: dict[str, str]) -> dict[str, Any]:
+        """The retry policy of queue ``req["queue"]`` of ``req["tenant"]``, as its
+        scheduler last stored it (the default policy for a queue not stored)."""
+        config = await asyncio.to_thread(self.config.load, req["tenant"])
+        for q in config["queues"]:
+            if q.get("name") == req["queue"]:
+                return RetryPolicy.parse(q.get("retry")).to_dict()
+        return RetryPolicy().to_dict()
 
     def _nudge_soon(self, tenant: str) -> None:
         """A ``done`` nudge within ``LAZY_END_NUDGE_S``, unless another goes out first."""

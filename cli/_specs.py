@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headway.scheduler.model import QUEUE_KNOBS, KnobKind, QueueSpec
+from headway.scheduler.model import QUEUE_KNOBS, KnobKind, QueueSpec, RetryPolicy
 from headway.scheduler.resources import Quota
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "queue_from_entry",
     "queue_to_entry",
     "quota_to_entry",
+    "retry_to_entry",
 ]
 
 #: The fields of a queue in the human notation, in display order (the knob registry's).
@@ -129,4 +130,16 @@ _HUMAN: dict[KnobKind, Any] = {
     KnobKind.status: lambda v: v.value,
     KnobKind.rate: lambda v: v.to_dict() if v is not None else None,
     KnobKind.seconds: lambda v: (int(v) if v == int(v) else v) if v is not None else None,
+    KnobKind.retry: lambda v: retry_to_entry(v),
 }
+
+
+def retry_to_entry(policy: RetryPolicy) -> dict[str, Any]:
+    """A retry policy in the human notation (memory cap in Kubernetes units)."""
+    out = policy.to_dict()
+    if policy.oom_max_memory is not None:
+        out["oom_max_memory"] = format_memory(policy.oom_max_memory)
+    for key in ("backoff", "ready_timeout"):
+        v = out[key]
+        out[key] = int(v) if v is not None and v == int(v) else v
+    return out

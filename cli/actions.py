@@ -272,6 +272,7 @@ def _base_view(cfg: Settings, d: ActionDetails) -> dict[str, Any]:
         "reasons": reasons,
         "waiting": None,
         "retries": max(0, d.attempts - 1),
+        "attempts": [asdict(a) for a in st.attempts] if st is not None else [],
         "last_failure": d.last_failure or None,
         "cancel_requested_by": d.cancel_requested_by,
         "pods": list(pods.values()),
@@ -318,6 +319,8 @@ async def _waiting_view(
     if live is None:
         return out
     sched, now = live
+    # A retried action waits as its latest attempt (why answers for it, by its id).
+    action_id = str(why.get("action_id") or action_id)
     a = sched.actions.get(action_id)
     q = sched.queues.get(a.queue) if a is not None else None
     if a is None or q is None or a.state != "waiting":
@@ -399,6 +402,17 @@ def _render(v: dict[str, Any], max_events: int) -> str:
             for i, u in enumerate(w.get("unblock") or []):
                 b.field("Unblock" if i == 0 else "", wall_times(str(u)), 2)
     b.field("Retries", v["retries"])
+    if len(v["attempts"]) > 1:
+        # Retries by failure class (the queue's retry policy): one lease, admission and
+        # set of pods per attempt.
+        b.section(f"Attempts ({len(v['attempts'])})")
+        b.table(
+            ["#", "as", "ended", "then"],
+            [
+                [a["number"], a["action_id"], a["outcome"] or "-", a["retry"] or "-"]
+                for a in v["attempts"]
+            ],
+        )
     if v["last_failure"]:
         b.field("Last failure", v["last_failure"])
     if v["pods"]:

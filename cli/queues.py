@@ -23,6 +23,7 @@ from headway.scheduler.model import (
     OrgLimits,
     QueueSpec,
     QueueStatus,
+    RetryPolicy,
 )
 
 from ._common import Settings, check_name, no_tenant, settings, with_client
@@ -98,7 +99,55 @@ def _knob_options(k: Knob) -> list[Callable[[F], F]]:
             click.option("--submit-rate", help=_RATE_HELP),
             click.option("--submit-burst", help=_BURST_HELP),
         ]
+    if k.kind is KnobKind.retry:
+        return [
+            click.option("--" + flag.replace("_", "-"), help=h) for flag, h in _RETRY_HELP.items()
+        ]
     return [click.option("--" + k.name.replace("_", "-"), help=k.help)]
+
+
+#: The retry policy's flags (``retry_<key>``: its key), each merged into the queue's.
+_RETRY_HELP = {
+    "retry_oom": "Retries after OOMKilled, each with more memory (default 0).",
+    "retry_oom_factor": "Memory multiplied by this per OOM retry (default 2).",
+    "retry_oom_max_memory": "Most memory an OOM retry may ask per pod, e.g. 64Gi"
+    " ('unlimited' unsets).",
+    "retry_lost": "Requeues at the head after Preempted, Evicted, NodeLost, PodLost (default 0).",
+    "retry_failed": "Retries after a non-zero exit (default 0).",
+    "retry_backoff": "Wait before the first retry of a failure, doubled each next, e.g. 30s"
+    " (default 30s).",
+    "retry_ready_timeout": "Pods not all running this long after dispatch, e.g. 10m: deleted"
+    " and requeued ('unlimited' unsets, the default).",
+    "retry_not_ready": "Requeues after a ready timeout before it fails NotReady (default 2).",
+}
+_RETRY_COUNTS = ("retry_oom", "retry_lost", "retry_failed", "retry_not_ready")
+
+
+def _retry_flags(old: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The queue's retry policy (file notation) with the ``--retry-*`` flags given on top;
+    None when none was given. A count that is not one names its flag and the value."""
+    given = {f: flags[f] for f in _RETRY_HELP if flags.get(f) is not None}
+    if not given:
+        return None
+    out = dict(old or {})
+    for flag, value in given.items():
+        key = flag.removeprefix("retry_")
+        if flag in _RETRY_COUNTS:
+            try:
+                out[key] = int(value)
+            except ValueError:
+                raise click.BadParameter(
+                    f"--{flag.replace('_', '-')}: {value!r} is not a number of retries"
+                ) from None
+        elif flag == "retry_oom_factor":
+            out[key] = _number(value, "--retry-oom-factor")
+        elif flag in ("retry_oom_max_memory", "retry_ready_timeout") and (
+            str(value).lower() in UNSET_WORDS
+        ):
+            out[key] = None
+        else:
+            out[key] = value
+    return out
 
 
 _RATE_HELP = "Submissions per second ('unlimited' unsets)."
@@ -144,7 +193,28 @@ def _apply_flags(entry: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, A
         out["submit_rate"] = merge_rate(
             out.get("submit_rate"), flags.get("submit_rate"), flags.get("submit_burst")
         )
+    retry = _retry_flags(out.get("retry"), flags)
+    if retry is not None:
+        out["retry"] = retry
     return out
+
+
+def _show_retry(policy: Mapping[str, Any] | None) -> str:
+    """A retry policy on one line: what each class gets, or "none"."""
+    p = RetryPolicy.parse(policy)
+    parts = []
+    if p.oom:
+        cap = f", up to {fmt_memory(p.oom_max_memory)}" if p.oom_max_memory else ""
+        parts.append(f"oom {p.oom} (memory x{p.oom_factor:g}{cap})")
+    if p.lost:
+        parts.append(f"lost {p.lost} (at the head)")
+    if p.failed:
+        parts.append(f"failed {p.failed}")
+    if p.ready_timeout is not None:
+        parts.append(f"ready within {duration(p.ready_timeout)} ({p.not_ready} requeues)")
+    if p.failed or p.ready_timeout is not None:
+        parts.append(f"backoff {duration(p.backoff)}")
+    return ", ".join(parts) or "none"
 
 
 def _rate_flags(rate: str | None, burst: str | None) -> tuple[bool, float | None, float | None]:
@@ -189,6 +259,8 @@ def _checked(entry: Mapping[str, Any], *, from_flags: bool = True) -> QueueSpec:
             # "max_resources.cpu: 'x' is not..." reads best as the flag the user typed.
             for flag, resource in _MAX_FLAGS.items():
                 msg = _reword(msg, f"max_resources.{resource}", flag)
+            for flag in _RETRY_HELP:
+                msg = _reword(msg, "retry." + flag.removeprefix("retry_"), flag)
             for key in QUEUE_FIELDS:
                 msg = _reword(msg, key, key)
         raise click.BadParameter(msg) from None
@@ -793,6 +865,8 @@ def describe_queue(
             value = _show_org(value) if value is not None else "unlimited"
         elif key in _SECONDS_FLAGS:
             value = duration(value) if value is not None else "unlimited"
+        elif key == "retry":
+            value = _show_retry(value)
         b.field(key, value, indent=2)
     if live is None:
         b.field("Actions", "(the scheduler's state could not be read: lists left out)")

@@ -1441,19 +1441,19 @@ class Scheduler:
             if limit is None or not q.waiting:
                 continue
             due = sorted(
-                (a for a in q.waiting if now - a.spec.submit >= limit and a.last is not None),
+                (a for a in q.waiting if now - a.spec.queued_since >= limit and a.last is not None),
                 key=lambda a: (a.spec.submit, a.spec.seq),
             )
             for a in due:
                 self.cancel(a.id, now)
-                out.append(Expired(a.id, q.spec.name, now - a.spec.submit, limit))
+                out.append(Expired(a.id, q.spec.name, now - a.spec.queued_since, limit))
         return out
 
     def _next_expiry(self) -> float | None:
         """When the next waiting action a pass decided about reaches its queue's
         ``max_queued_time`` (one not yet decided about gets its pass first)."""
         ts = [
-            a.spec.submit + limit
+            a.spec.queued_since + limit
             for q in self.queues.values()
             if (limit := q.spec.max_queued_time) is not None
             for a in q.waiting

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
 from typing import Any
 
-from .resources import Pod, Quota
+from .resources import Pod, Quota, parse_memory
 
 __all__ = [
     "LIMIT_KNOBS",
@@ -31,6 +31,7 @@ __all__ = [
     "QueueSpec",
     "QueueStatus",
     "RateLimit",
+    "RetryPolicy",
     "check_limits",
     "ray_demand",
     "replicas_demand",
@@ -103,6 +104,91 @@ def parse_seconds(value: Any, field: str) -> float:
     return float(v)
 
 
+def _count(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{field}: {value!r} must be a non-negative integer")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """What a queue does when one of its actions fails, by failure class (issue #23).
+
+    Every attempt after the first is a new lease for the same action (its id suffixed
+    ``~N``, see ``headway.workflows.action``), admitted by the same pass as any other,
+    with the action's first submit time, so it waits at the head of its queue. The
+    defaults retry nothing: a queue opts in (``headway update queue Q --retry-oom 2``).
+
+    Attributes:
+        oom: retries after ``OOMKilled``; each raises every pod's memory by
+            ``oom_factor``, up to ``oom_max_memory`` bytes (None: no cap but the retries).
+        lost: requeues after the work was lost through no fault of its own
+            (``Preempted``, ``Evicted``, ``NodeLost``, ``PodLost``): at the head at once.
+        failed: retries after an application failure (non-zero exit), the first after
+            ``backoff`` seconds, each next one after twice the last.
+        ready_timeout: seconds after its dispatch by which every pod of an attempt must
+            run (None: no limit); past it the pods are deleted, the reservation released
+            and the attempt ends ``NotReady`` with the latest Kubernetes message.
+        not_ready: retries after ``NotReady``, after ``backoff`` as ``failed``.
+    """
+
+    oom: int = 0
+    oom_factor: float = 2.0
+    oom_max_memory: int | None = None
+    lost: int = 0
+    failed: int = 0
+    backoff: float = 30.0
+    ready_timeout: float | None = None
+    not_ready: int = 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "oom": self.oom,
+            "oom_factor": self.oom_factor,
+            "oom_max_memory": self.oom_max_memory,
+            "lost": self.lost,
+            "failed": self.failed,
+            "backoff": self.backoff,
+            "ready_timeout": self.ready_timeout,
+            "not_ready": self.not_ready,
+        }
+
+    @staticmethod
+    def parse(value: Any, field: str = "retry") -> RetryPolicy:
+        """A policy from its JSON or file form (memory as bytes or ``64Gi``, backoff as
+        seconds or ``30s``); keys left out keep their defaults, None is the default policy.
+        ValueError names ``field.key`` and the value."""
+        if value is None:
+            return RetryPolicy()
+        if isinstance(value, RetryPolicy):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{field}: {value!r} is not a mapping of retry settings")
+        known = RetryPolicy().to_dict()
+        unknown = sorted(str(k) for k in value if k not in known)
+        if unknown:
+            raise ValueError(
+                f"{field}.{unknown[0]}: not a retry setting (one of {', '.join(known)})"
+            )
+        out: dict[str, Any] = {}
+        for key in ("oom", "lost", "failed", "not_ready"):
+            if key in value:
+                out[key] = _count(value[key], f"{field}.{key}")
+        if "oom_factor" in value:
+            f = value["oom_factor"]
+            ok = isinstance(f, int | float) and not isinstance(f, bool) and math.isfinite(f)
+            if not ok or f < 1:
+                raise ValueError(f"{field}.oom_factor: {f!r} must be a number >= 1")
+            out["oom_factor"] = float(f)
+        cap = value.get("oom_max_memory")
+        if cap is not None:
+            out["oom_max_memory"] = parse_memory(cap, f"{field}.oom_max_memory")
+        for key in ("backoff", "ready_timeout"):
+            if value.get(key) is not None:
+                out[key] = parse_seconds(value[key], f"{field}.{key}")
+        return RetryPolicy(**out)
+
+
 @dataclass(frozen=True, slots=True)
 class RateLimit:
     """A token bucket's settings: ``per_second`` refill, up to ``burst`` tokens."""
@@ -137,6 +223,7 @@ class QueueSpec:
     max_resources: Quota | None = None
     clusters: tuple[str, ...] | None = None  # None: any healthy cluster
     status: QueueStatus = QueueStatus.active
+    retry: RetryPolicy = RetryPolicy()
 
     def with_changes(self, **changes: Any) -> QueueSpec:
         return replace(self, **changes)
@@ -162,6 +249,7 @@ class KnobKind(StrEnum):
     status = "status"
     rate = "rate"  # a token bucket: per_second and burst, None unlimited
     seconds = "seconds"  # a non-negative duration in seconds, None unlimited
+    retry = "retry"  # a RetryPolicy: retries by failure class
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +334,15 @@ QUEUE_KNOBS: tuple[Knob, ...] = (
         "active | draining | drained",
         "submission: QueueDraining; dispatch stops when drained",
     ),
+    Knob(
+        "retry",
+        KnobKind.retry,
+        "Retries by failure class: oom (memory x oom_factor up to oom_max_memory), lost"
+        " (preempted, evicted, node or pod lost: requeued at the head), failed (non-zero"
+        " exit, after backoff, doubling); all 0 by default. ready_timeout: pods not all"
+        " running that long after dispatch are deleted and requeued (not_ready times).",
+        "the action's end: a failure of a class with retries left is requeued as a new attempt",
+    ),
 )
 
 #: The knobs of kind ``limit`` (counts, None unlimited), by name.
@@ -267,6 +364,7 @@ _TO_JSON: dict[KnobKind, Any] = {
     KnobKind.status: lambda v: v.value,
     KnobKind.rate: lambda v: v.to_dict() if v else None,
     KnobKind.seconds: _ident,
+    KnobKind.retry: lambda v: v.to_dict(),
 }
 _FROM_JSON: dict[KnobKind, Any] = {
     KnobKind.name: _ident,
@@ -278,6 +376,7 @@ _FROM_JSON: dict[KnobKind, Any] = {
     KnobKind.status: QueueStatus,
     KnobKind.rate: RateLimit.from_dict,
     KnobKind.seconds: lambda v: None if v is None else float(v),
+    KnobKind.retry: RetryPolicy.parse,
 }
 
 
@@ -438,6 +537,13 @@ class ActionSpec:
     @property
     def task_id(self) -> str:
         return self.task or self.id
+
+    @property
+    def queued_since(self) -> float:
+        """When this spec entered its queue: ``submit``, or for a retried attempt (which
+        keeps the action's first ``submit``, to wait at the head) ``meta["queued_at"]``.
+        ``max_queued_time`` counts from here."""
+        return float(self.meta.get("queued_at", self.submit))
 
     def to_dict(self) -> dict[str, Any]:
         return {

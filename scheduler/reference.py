@@ -756,7 +756,7 @@ def reference_expired(snapshot: Mapping[str, Any], now: float) -> list[str]:
         if limit is None:
             continue
         mine = [a.spec for a in st.waiting if a.spec.queue == name and a.last is not None]
-        due = [a for a in mine if now - a.submit >= limit]
+        due = [a for a in mine if now - a.queued_since >= limit]
         out += [a.id for a in sorted(due, key=lambda a: (a.submit, a.seq))]
     return out
 

@@ -30,6 +30,7 @@ from .model import (
     QueueSpec,
     QueueStatus,
     RateLimit,
+    RetryPolicy,
     parse_seconds,
     ray_demand,
     replicas_demand,
@@ -292,6 +293,8 @@ def _queue_fields(ctx: _Ctx, m: _Map, p: str, clusters: set[str] | None) -> dict
                 if v is None
                 else ctx.wrap(partial(parse_seconds, v, f"{p}.{k}"), line, (f"{p}.{k}", v))
             )
+        elif k == "retry":
+            out[k] = ctx.wrap(partial(RetryPolicy.parse, v, f"{p}.retry"), line, (f"{p}.retry", v))
         elif k == "max_resources":
             out[k] = (
                 None

@@ -600,12 +600,13 @@ class LeaseStore:
         *,
         flips: set[tuple[str, str]] | None = None,
         busy: dict[str, bool] | None = None,
+        door: bool = True,
     ) -> Put:
-        decided = self._door(conn, tenant, action_id, queue, submitted_at)
+        decided = self._door(conn, tenant, action_id, queue, submitted_at) if door else None
         if decided is not None and not decided.accepted:
             return Put(refused=decided)
         body = dict(spec)
-        if decided is not None:
+        if decided is not None or not door:
             # Taken in at the door: the scheduler does not decide the door's rules again.
             body["door"] = True
         row = {
@@ -844,6 +845,8 @@ class LeaseStore:
         for kind, args in ops:
             if kind == "put":
                 out.append(self._put_lease(hot, *args, flips=flips, busy=busy))
+            elif kind == "requeue":
+                out.append(self._requeue(hot, *args, flips=flips, busy=busy))
             elif kind == "finish":
                 out.append(self._finish_lease(hot, *args, flips=flips))
             else:
@@ -859,6 +862,62 @@ class LeaseStore:
                 self._insert_ignore(conn, FinishedRow, dict(values))
             return
         conn.execute(self._prep.finished_insert, values)
+
+    def requeue(
+        self,
+        tenant: str,
+        ended: str,
+        action_id: str,
+        queue: str,
+        workflow_id: str,
+        spec: Mapping[str, Any],
+        submitted_at: float,
+    ) -> Put:
+        """End the lease ``ended`` (finished) and put ``action_id``'s in one transaction:
+        the next attempt of an action that failed retryably (``RetryPolicy``).
+
+        The new lease passes no door (the action was taken in once; its depth slot
+        passes from one lease to the other) and carries ``submitted_at`` as given (the
+        action's first submit time: it waits at the head of its queue). Idempotent as a
+        put and a finish are.
+
+        Returns:
+            The ``Put``: ``nudge`` when either write needs the scheduler told (one nudge
+            serves both: a sync claims ends and leases alike).
+        """
+        args = (tenant, ended, action_id, queue, workflow_id, spec, submitted_at)
+        res = self.apply([("requeue", args)])[0]
+        assert isinstance(res, Put)
+        return res
+
+    def _requeue(
+        self,
+        conn: Connection | _DBAPIConn,
+        tenant: str,
+        ended: str,
+        action_id: str,
+        queue: str,
+        workflow_id: str,
+        spec: Mapping[str, Any],
+        submitted_at: float,
+        *,
+        flips: set[tuple[str, str]] | None = None,
+        busy: dict[str, bool] | None = None,
+    ) -> Put:
+        end = self._finish_lease(conn, tenant, ended, "finished", flips=flips)
+        put = self._put_lease(
+            conn,
+            tenant,
+            action_id,
+            queue,
+            workflow_id,
+            spec,
+            submitted_at,
+            flips=flips,
+            busy=busy,
+            door=False,
+        )
+        return Put(nudge=put.nudge or end is not Nudge.NONE, busy=put.busy)
 
     def put_many(
         self,
@@ -1204,6 +1263,9 @@ class LeaseStore:
         for kind, args in ops:
             if kind == "put":
                 keys.add((args[0], queue_channel(args[2])))
+            elif kind == "requeue":  # an end and a put
+                keys.add((args[0], DONE_CHANNEL))
+                keys.add((args[0], queue_channel(args[3])))
             elif kind == "finish" and args[2] != "rejected":
                 keys.add((args[0], DONE_CHANNEL))
             # A record writes no flag.
@@ -1303,8 +1365,8 @@ def _check_ops(ops: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
             missing = set(FINISHED_COLUMNS) - set(args[0])
             if missing:
                 raise ValueError(f"record: missing {', '.join(sorted(missing))}")
-        elif kind != "put":
-            raise ValueError(f"op: {kind!r} is not put, finish or record")
+        elif kind not in ("put", "requeue"):
+            raise ValueError(f"op: {kind!r} is not put, requeue, finish or record")
 
 
 def _check_kind(kind: str) -> None:

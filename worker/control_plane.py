@@ -111,6 +111,8 @@ def build_control_plane_worker(
             store_acts.put_lease,
             store_acts.put_lease_wait,
             store_acts.finish_lease,
+            store_acts.requeue_lease,
+            store_acts.retry_policy,
             store_acts.sync,
             store_acts.set_door,
             store_acts.fleet_specs,

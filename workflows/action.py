@@ -31,7 +31,8 @@ for, where it runs and after how long, and how it ended; each activity has a sum
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, field
+import contextlib
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -58,20 +59,26 @@ with workflow.unsafe.imports_passed_through():
     )
     from headway.scheduler import demand_from_request
     from headway.scheduler.model import ActionSpec, DemandKind
+    from headway.scheduler.model import RetryPolicy as QueueRetry
     from headway.scheduler.resources import Pod
+    from headway.scheduler.retry import Retry, next_attempt
     from headway.workflows import summary
     from headway.workflows.shared import (
         FINISH_LEASE_ACTIVITY,
         PUT_LEASE_ACTIVITY,
         PUT_LEASE_WAIT_ACTIVITY,
         REJECT_SIGNAL,
+        REQUEUE_LEASE_ACTIVITY,
+        RETRY_POLICY_ACTIVITY,
         FinishLeaseInput,
         PutLeaseInput,
         PutLeaseOutput,
         Rejection,
+        RequeueLeaseInput,
     )
 
 __all__ = [
+    "ATTEMPT_SEP",
     "PARENT_LABEL",
     "REASONS_SA",
     "REASON_SIGNAL",
@@ -81,8 +88,10 @@ __all__ = [
     "ActionResult",
     "ActionStatus",
     "ActionWorkflow",
+    "Attempt",
     "SubmitAnswer",
     "WaitingReason",
+    "attempt_id",
 ]
 
 #: Typed search attribute keys of the Keyword ones, by ``protocol.SEARCH_ATTRIBUTES`` name.
@@ -112,6 +121,16 @@ REASON_SIGNAL = "waiting_reason"
 
 #: Label an SDK task's child action carries: its parent action's id.
 PARENT_LABEL = "headway.io/parent"
+
+#: Separates an action's id from its attempt number in the id of attempt 2 and later
+#: (``train-7~2``): each attempt is a lease, an admission and pods of its own.
+ATTEMPT_SEP = "~"
+
+
+def attempt_id(action_id: str, number: int) -> str:
+    """The id attempt ``number`` (1 first) of ``action_id`` is leased and dispatched as."""
+    return action_id if number <= 1 else f"{action_id}{ATTEMPT_SEP}{number}"
+
 
 #: Events kept on the workflow for the ``state`` query (the oldest are dropped first,
 #: the terminal one is always kept).
@@ -155,6 +174,19 @@ _ROLES: dict[DemandKind, tuple[str, str]] = {
 
 
 @dataclass
+class Attempt:
+    """One attempt of an action (revision 4+): the id it ran as, where, how it ended,
+    and, when it was retried, why and how (``RetryPolicy``)."""
+
+    number: int
+    action_id: str
+    cluster: str | None = None
+    outcome: str | None = None
+    message: str = ""
+    retry: str = ""
+
+
+@dataclass
 class ActionStatus:
     """What the ``state`` query answers."""
 
@@ -169,6 +201,8 @@ class ActionStatus:
     submitted_at: float = 0.0
     admitted_at: float | None = None
     ended_at: float | None = None
+    #: Revision 4+: every attempt so far, the current one last (``id`` is the lease's).
+    attempts: list[Attempt] = field(default_factory=list)
 
 
 @dataclass
@@ -242,6 +276,13 @@ class ActionWorkflow:
         self._demand = ""
         # What the Web UI shows as it runs (``workflow.set_current_details``).
         self._details = ""
+        # Revision 4+: the id of the attempt under way ("" before ``run`` or earlier
+        # revisions): only its admission and its terminal event count.
+        self._attempt = ""
+        # Revision 4+, the attempt under way: its pods seen running, and the latest
+        # message the cluster gave about it (what a ready timeout reports).
+        self._ready: set[str] = set()
+        self._said = ""
 
     # --- handlers -----------------------------------------------------------------
 
@@ -249,6 +290,8 @@ class ActionWorkflow:
     def admit(self, admission: Admission) -> None:
         """The scheduler admitted this action (repeats from a retried batch are ignored)."""
         if self._admission is None and self._rejection is None:
+            if self._attempt and admission.action_id != self._attempt:
+                return  # an earlier attempt's, delivered late
             self._admission = admission
 
     @workflow.signal(name=REJECT_SIGNAL)
@@ -264,6 +307,12 @@ class ActionWorkflow:
         events.append(event)
         if len(events) > MAX_EVENTS:
             del events[: len(events) - MAX_EVENTS]
+        if self._attempt and event.action_id != self._attempt:
+            return  # kept in the events, but an earlier attempt's end is not this one's
+        if event.message:
+            self._said = event.message
+        if event.kind is ActionEventKind.RUNNING and event.pod:
+            self._ready.add(event.pod)
         if event.kind in protocol.TERMINAL_EVENTS and self._terminal is None:
             self._terminal = event
 
@@ -421,11 +470,161 @@ class ActionWorkflow:
             return self._end_rejected(self._rejection.reason, self._rejection.message)
         admission = self._admission
         assert admission is not None
+        if rev >= 4:
+            return await self._attempts(req, spec, kind, admission, lease)
         return await self._run_on_cluster(req, spec, kind, admission)
 
     async def _run_on_cluster(
         self, req: SubmitRequest, spec: ActionSpec, kind: DemandKind, admission: Admission
     ) -> ActionResult:
+        result = await self._run_once(req, spec, kind, admission)
+        # The record's outcome is the one known now; the result below is decided after
+        # the release, as it always was (a terminal event heard during the release still
+        # counts there, so recorded histories end the same way).
+        heard = self._terminal if self._terminal is not None and req.revision >= 3 else result
+        ok = heard.kind == ActionEventKind.SUCCEEDED
+        await self._release(
+            "finished", "succeeded" if ok else "failed", "Succeeded" if ok else heard.kind.value
+        )
+        if self._terminal is not None and req.revision >= 3:
+            # The first outcome heard stands: the attempt that saw the pods end signalled
+            # it before deleting them; a retry (that attempt's worker killed before its
+            # result reached Temporal) finds them gone and says PodLost (issue #20).
+            result = self._terminal
+        return self._conclude(req, result)
+
+    async def _attempts(
+        self,
+        req: SubmitRequest,
+        spec: ActionSpec,
+        kind: DemandKind,
+        admission: Admission,
+        lease: PutLeaseInput,
+    ) -> ActionResult:
+        """Revision 4+: run attempts until one ends for good (issue #23).
+
+        An attempt that ends in a failure class its queue retries (``RetryPolicy``, read
+        live from the store at each failure) is followed by a new lease for the next
+        attempt (``attempt_id``): same workflow, the action's first submit time (the head
+        of its queue), no door; the scheduler admits it as any other. Its pods are new
+        (their names follow the attempt's id), so nothing of the last attempt is adopted.
+        """
+        st = self._status
+        used: dict[str, int] = {}
+        self._attempt = req.action_id
+        st.attempts = [Attempt(1, req.action_id)]
+        while True:
+            result = await self._run_once(req, spec, kind, admission)
+            if self._terminal is not None:
+                result = self._terminal  # the first outcome heard stands (revision 3)
+            this = st.attempts[-1]
+            this.cluster, this.outcome, this.message = (
+                admission.cluster,
+                result.kind.value,
+                result.message,
+            )
+            retry = None
+            if result.kind != ActionEventKind.SUCCEEDED:
+                retry = next_attempt(
+                    await self._retry_policy(req), result.kind.value, used, spec.pods
+                )
+            if retry is None:
+                ok = result.kind == ActionEventKind.SUCCEEDED
+                await self._release(
+                    "finished",
+                    "succeeded" if ok else "failed",
+                    "Succeeded" if ok else result.kind.value,
+                )
+                return self._conclude(req, result)
+            used[retry.cls] = used.get(retry.cls, 0) + 1
+            this.retry = retry.note
+            if self._terminal is None:
+                self.action_event(result)  # the attempt's end, in its history
+            spec = await self._requeue(req, spec, retry, lease)
+            try:
+                await workflow.wait_condition(
+                    lambda: self._admission is not None or self._rejection is not None
+                )
+            except asyncio.CancelledError:
+                await self._release("cancelled", "cancelled", "Cancelled")
+                self._end("cancelled", "Cancelled")
+                raise
+            if self._rejection is not None:
+                # The scheduler refused the retry (e.g. its raised memory fits no node,
+                # or it waited past max_queued_time): the failure it retried stands.
+                rj = self._rejection
+                await self._release("rejected", "failed", result.kind.value)
+                st.attempts[-1].outcome, st.attempts[-1].message = rj.reason, rj.message
+                said = result.message or result.kind.value
+                result = replace(
+                    result,
+                    message=f"{said}; its retry was refused: {rj.reason}: {rj.message}",
+                )
+                self._terminal = result  # its end is in the events already
+                return self._conclude(req, result)
+            assert self._admission is not None
+            admission = self._admission
+
+    async def _retry_policy(self, req: SubmitRequest) -> QueueRetry:
+        got: dict[str, Any] = await workflow.execute_local_activity(
+            RETRY_POLICY_ACTIVITY,
+            {"tenant": req.tenant, "queue": req.queue},
+            result_type=dict,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+        )
+        return QueueRetry.parse(got)
+
+    async def _requeue(
+        self, req: SubmitRequest, spec: ActionSpec, retry: Retry, lease: PutLeaseInput
+    ) -> ActionSpec:
+        """Put the next attempt's lease (after the retry's backoff); its spec."""
+        st = self._status
+        ended = self._attempt
+        number = len(st.attempts) + 1
+        st.state, st.reason = "waiting", "Retrying"
+        self._publish()
+        try:
+            if retry.delay > 0:
+                # The ended attempt holds nothing while it backs off.
+                await self._release("finished")
+                await workflow.sleep(timedelta(seconds=retry.delay))
+            now = workflow.now().timestamp()
+            nxt = replace(
+                spec,
+                id=attempt_id(req.action_id, number),
+                pods=retry.pods,
+                meta={**spec.meta, "attempt": number, "queued_at": now},
+            )
+            self._admission, self._terminal, self._attempt = None, None, nxt.id
+            self._ready, self._said = set(), ""
+            st.attempts.append(Attempt(number, nxt.id))
+            await workflow.execute_local_activity(
+                REQUEUE_LEASE_ACTIVITY,
+                RequeueLeaseInput(
+                    ended=ended,
+                    lease=replace(lease, action_id=nxt.id, spec=nxt.to_dict(), wait_s=0.0),
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            )
+        except asyncio.CancelledError:
+            await self._release("cancelled", "cancelled", "Cancelled")
+            self._end("cancelled", "Cancelled")
+            raise
+        st.state, st.reason, st.cluster = "waiting", "Waiting", None
+        self._publish()
+        return nxt
+
+    async def _run_once(
+        self, req: SubmitRequest, spec: ActionSpec, kind: DemandKind, admission: Admission
+    ) -> ActionEvent:
+        """Dispatch to the admitted cluster and wait for the pods' end (its event).
+
+        Raises:
+            ApplicationError: ``ClusterError`` (released, ended failed).
+            asyncio.CancelledError: cancelled (pods deleted, released, ended).
+        """
         st = self._status
         st.state, st.cluster = "running", admission.cluster
         st.admitted_at = admitted_at = workflow.now().timestamp()
@@ -447,7 +646,7 @@ class ActionWorkflow:
             )
         dispatch = DispatchRequest(
             tenant=req.tenant,
-            action_id=req.action_id,
+            action_id=self._attempt or req.action_id,
             workflow_id=workflow.info().workflow_id,
             cluster=admission.cluster,
             kind=GangKind(kind.value),
@@ -457,6 +656,10 @@ class ActionWorkflow:
             node_hints=list(admission.node_hints),
         )
         try:
+            if admission.ready_timeout is not None and self._attempt:
+                return await self._run_until_ready(
+                    req, dispatch, admission, admission.ready_timeout
+                )
             result: ActionEvent = await workflow.execute_activity(
                 protocol.RUN_ACTION_ACTIVITY,
                 dispatch,
@@ -487,19 +690,58 @@ class ActionWorkflow:
                 ) from err
             await self._cancel_running(req, dispatch, admission)
             raise asyncio.CancelledError() from err
-        # The record's outcome is the one known now; the result below is decided after
-        # the release, as it always was (a terminal event heard during the release still
-        # counts there, so recorded histories end the same way).
-        heard = self._terminal if self._terminal is not None and req.revision >= 3 else result
-        ok = heard.kind == ActionEventKind.SUCCEEDED
-        await self._release(
-            "finished", "succeeded" if ok else "failed", "Succeeded" if ok else heard.kind.value
+        return result
+
+    async def _run_until_ready(
+        self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission, timeout: float
+    ) -> ActionEvent:
+        """The run activity, given ``timeout`` seconds for every pod to be running; past
+        it the pods are deleted (the activity cancelled, then whatever is left) and the
+        attempt ends ``NotReady`` with the latest message the cluster gave (e.g. ``0/3
+        nodes are available: 1 Insufficient nvidia.com/gpu``)."""
+        handle = workflow.start_activity(
+            protocol.RUN_ACTION_ACTIVITY,
+            dispatch,
+            result_type=ActionEvent,
+            task_queue=protocol.cluster_task_queue(admission.cluster),
+            start_to_close_timeout=timedelta(days=30),
+            heartbeat_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                maximum_interval=timedelta(seconds=30),
+                maximum_attempts=20,
+            ),
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
-        if self._terminal is not None and req.revision >= 3:
-            # The first outcome heard stands: the attempt that saw the pods end signalled
-            # it before deleting them; a retry (that attempt's worker killed before its
-            # result reached Temporal) finds them gone and says PodLost (issue #20).
-            result = self._terminal
+        want = len(dispatch.pods)
+        try:
+            await workflow.wait_condition(
+                lambda: handle.done() or len(self._ready) >= want,
+                timeout=timedelta(seconds=timeout),
+            )
+        except TimeoutError:
+            handle.cancel()
+            # Cancelled, as asked: the run activity deleted the pods on its way out.
+            with contextlib.suppress(ActivityError):
+                await handle
+            await self._delete_left(req, dispatch, admission)
+            running = len(self._ready)
+            return ActionEvent(
+                dispatch.action_id,
+                ActionEventKind.NOT_READY,
+                admission.cluster,
+                message=f"{running}/{want} pods running {timeout:g}s after dispatch: "
+                + (self._said or "no word from the cluster"),
+                observed_at=workflow.now().timestamp(),
+            )
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+        result: ActionEvent = await handle
+        return result
+
+    def _conclude(self, req: SubmitRequest, result: ActionEvent) -> ActionResult:
+        """End with the attempt's outcome: succeeded, or raise its failure."""
         if self._terminal is None or self._terminal.kind != result.kind:
             self.action_event(result)
         if result.kind == ActionEventKind.SUCCEEDED:
@@ -524,6 +766,13 @@ class ActionWorkflow:
     async def _cancel_running(
         self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission
     ) -> None:
+        await self._delete_left(req, dispatch, admission)
+        await self._release("finished", "cancelled", "Cancelled")
+        self._end("cancelled", "Cancelled")
+
+    async def _delete_left(
+        self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission
+    ) -> None:
         # Cancelling the run activity deleted the pods; make sure nothing is left.
         try:
             await workflow.execute_activity(
@@ -538,12 +787,12 @@ class ActionWorkflow:
             # Still cancelled: the run activity's own cancellation deleted the pods;
             # this was the belt to its braces.
             workflow.logger.warning("delete of %s failed: %s", req.action_id, err)
-        await self._release("finished", "cancelled", "Cancelled")
-        self._end("cancelled", "Cancelled")
 
     # --- helpers ------------------------------------------------------------------
 
-    async def _release(self, kind: str, outcome: str, reason: str) -> None:
+    async def _release(self, kind: str, outcome: str | None = None, reason: str = "") -> None:
+        """Release the attempt's lease; with ``outcome``, the action's end: its record
+        (``headway.store.history``) goes too. An attempt followed by another gives none."""
         assert self._req is not None
         # The record of what ran travels with the release (the same local activity, no
         # new command), so it is written once per action and replays as before.
@@ -551,9 +800,9 @@ class ActionWorkflow:
             FINISH_LEASE_ACTIVITY,
             FinishLeaseInput(
                 tenant=self._req.tenant,
-                action_id=self._req.action_id,
+                action_id=self._attempt or self._req.action_id,
                 kind=kind,
-                record=self._record(outcome, reason),
+                record=self._record(outcome, reason) if outcome is not None else None,
             ),
             summary=f"release the lease ({kind})",
             start_to_close_timeout=timedelta(seconds=30),

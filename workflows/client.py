@@ -594,8 +594,30 @@ async def why(client: Client, tenant: str, action_id: str) -> dict[str, Any]:
     view: queued in the store, ended, ...).
     """
     h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
+    # A retried action (revision 4+) waits or runs as its latest attempt (``ACTION~N``):
+    # asked by the action's id, the answer is that attempt's, which it names; between
+    # two attempts (a backoff) it has no lease, and its own state says why.
+    try:
+        st: ActionStatus | None = await action_state(client, tenant, action_id)
+    except Exception:  # not an action, or ended and no worker to replay it: as asked
+        st = None
+    if st is not None and st.attempts and st.state not in _ENDED:
+        last = st.attempts[-1]
+        if st.reason == "Retrying":
+            return {
+                "action_id": last.action_id,
+                "state": None,
+                "reason": "Retrying",
+                "reasons": ["Retrying"],
+                "message": f"attempt {last.number} ended {last.outcome}: {last.retry}",
+            }
+        action_id = last.action_id
     out: dict[str, Any] = await h.query("why", action_id)
     return out
+
+
+#: States an action ends in.
+_ENDED = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 
 
 async def action_state(client: Client, tenant: str, action_id: str) -> ActionStatus:

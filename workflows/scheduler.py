@@ -896,10 +896,17 @@ class SchedulerWorkflow:
                         node_hints=list(a.nodes),
                         decided_at=now,
                         reasons=list(a.reasons),
+                        ready_timeout=self._ready_timeout(a.action_id),
                     ),
                 )
             )
         self._stats["admitted"] += len(admitted)
+
+    def _ready_timeout(self, action_id: str) -> float | None:
+        """The ready timeout of the queue that admitted ``action_id`` (None: none)."""
+        a = self._core.actions.get(action_id)
+        q = self._core.queues.get(a.spec.queue) if a is not None else None
+        return q.spec.retry.ready_timeout if q is not None else None
 
     async def _deliver(self, now: float) -> None:
         """Deliver what is decided (serial runs): a small batch by a local activity the
@@ -1499,13 +1506,21 @@ def _admit_dict(a: AdmitItem) -> dict[str, Any]:
         "node_hints": list(ad.node_hints),
         "decided_at": ad.decided_at,
         "reasons": list(ad.reasons),
+        "ready_timeout": ad.ready_timeout,
     }
 
 
 def _admit_item(d: dict[str, Any]) -> AdmitItem:
     return AdmitItem(
         d["workflow_id"],
-        Admission(d["action_id"], d["cluster"], d["node_hints"], d["decided_at"], d["reasons"]),
+        Admission(
+            d["action_id"],
+            d["cluster"],
+            d["node_hints"],
+            d["decided_at"],
+            d["reasons"],
+            d.get("ready_timeout"),
+        ),
     )
 
 

@@ -23,6 +23,8 @@ __all__ = [
     "PUT_LEASE_ACTIVITY",
     "PUT_LEASE_WAIT_ACTIVITY",
     "REJECT_SIGNAL",
+    "REQUEUE_LEASE_ACTIVITY",
+    "RETRY_POLICY_ACTIVITY",
     "SET_DOOR_ACTIVITY",
     "SYNC_ACTIVITY",
     "AdmitItem",
@@ -34,6 +36,7 @@ __all__ = [
     "PutLeaseOutput",
     "RejectItem",
     "Rejection",
+    "RequeueLeaseInput",
     "SchedulerInput",
     "SyncInput",
     "SyncOutput",
@@ -44,6 +47,10 @@ PUT_LEASE_ACTIVITY = "headway.store.put_lease"
 #: put_lease, then wait briefly for the admission in-process (see ``PutLeaseInput.wait_s``).
 PUT_LEASE_WAIT_ACTIVITY = "headway.store.put_lease_wait"
 FINISH_LEASE_ACTIVITY = "headway.store.finish_lease"
+#: End one attempt's lease and put the next attempt's, one transaction, no door.
+REQUEUE_LEASE_ACTIVITY = "headway.store.requeue_lease"
+#: A queue's retry policy as stored (``RetryPolicy.to_dict()``; the default if none).
+RETRY_POLICY_ACTIVITY = "headway.store.retry_policy"
 SYNC_ACTIVITY = "headway.store.sync"
 #: The scheduler's door settings into the store (``LeaseStore.set_door``), after a change.
 SET_DOOR_ACTIVITY = "headway.store.set_door"
@@ -148,6 +155,15 @@ class FinishLeaseInput:
     #: What ran, for the record of finished actions (``headway.store.history.Finished``
     #: as a dict); None from workflows recorded before the record existed.
     record: dict[str, Any] | None = None
+
+
+@dataclass
+class RequeueLeaseInput:
+    """Local activity input: attempt ``ended`` failed retryably; ``lease`` is the next
+    attempt's (its own action id, the action's first submit time)."""
+
+    ended: str
+    lease: PutLeaseInput
 
 
 @dataclass

@@ -47,7 +47,7 @@ from headway.protocol import (
     PodSpec,
 )
 from headway.scheduler.model import ClusterSpec
-from headway.scheduler.resources import Pod
+from headway.scheduler.resources import Pod, parse_memory
 
 from .base import (
     ChangeSignal,
@@ -65,6 +65,9 @@ __all__ = ["DEFAULT_DURATION_S", "INJECTABLE_FAULTS", "STATE_VERSION", "SimBacke
 #: How long a simulated pod runs when the request does not say.
 DEFAULT_DURATION_S = 3.0
 INJECTABLE_FAULTS = frozenset({"oom", "preempt", "node-lost", "image-pull", "fail"})
+#: ``oom-below:<memory>``: the work needs that much memory, so a pod that asks for less
+#: is OOMKilled and one that asks for as much runs (the OOM retry's raised memory).
+OOM_BELOW = "oom-below:"
 #: Version of the state file's layout; a file of another version is refused, not guessed.
 STATE_VERSION = 1
 #: How long the cluster remembers what a dispatch created after its pods are gone (a
@@ -309,7 +312,7 @@ class SimBackend:
                 namespace=req.namespace,
                 spec=spec,
                 created=self._created,
-                inject=req.inject if name == target else None,
+                inject=_fault_of(req.inject, spec) if name == target else None,
                 duration_s=req.duration_s if req.duration_s is not None else DEFAULT_DURATION_S,
                 workflow_id=req.workflow_id,
                 dispatch=dispatch,
@@ -481,7 +484,9 @@ class SimBackend:
     def _fault_target(req: DispatchRequest) -> str | None:
         if not req.inject or not req.pods:
             return None
-        if req.inject not in INJECTABLE_FAULTS:
+        if req.inject.startswith(OOM_BELOW):
+            parse_memory(req.inject.removeprefix(OOM_BELOW), "inject")
+        elif req.inject not in INJECTABLE_FAULTS:
             raise ValueError(
                 f"inject: {req.inject!r} is not a fault (one of {', '.join(sorted(INJECTABLE_FAULTS))})"
             )
@@ -978,3 +983,12 @@ class SimBackend:
             # Starting empty would forget running pods and let a retry create them again:
             # refuse, and say which file to look at.
             raise ValueError(f"state_dir: cannot resume from {path}: {exc}") from exc
+
+
+def _fault_of(inject: str | None, spec: PodSpec) -> str | None:
+    """The fault a pod of ``spec`` suffers under ``inject`` (``oom-below:`` decided by
+    the pod's memory request)."""
+    if inject is not None and inject.startswith(OOM_BELOW):
+        need = parse_memory(inject.removeprefix(OOM_BELOW), "inject")
+        return "oom" if spec.memory < need else None
+    return inject

@@ -208,6 +208,16 @@ def test_queue_entry_round_trips():
         "max_resources": {"cpu": "500m", "memory": "4Ti", "gpu": "H200:16"},
         "clusters": ["gpu-h200"],
         "status": "active",
+        "retry": {
+            "oom": 2,
+            "oom_factor": 1.5,
+            "oom_max_memory": "64Gi",
+            "lost": 3,
+            "failed": 1,
+            "backoff": 30,
+            "ready_timeout": 600,
+            "not_ready": 2,
+        },
     }
     spec = queue_from_entry(entry)
     assert queue_to_entry(spec) == entry

@@ -19,6 +19,7 @@ from headway.scheduler.model import (
     QueueSpec,
     QueueStatus,
     RateLimit,
+    RetryPolicy,
 )
 from headway.scheduler.reasons import Reason
 from headway.scheduler.resources import Quota
@@ -40,6 +41,16 @@ EVERY_KNOB_SET = QueueSpec(
     max_resources=Quota(cpu=8000, memory=2**34, eph=None, gpu=8, gpu_type="H100"),
     clusters=("c1", "c2"),
     status=QueueStatus.draining,
+    retry=RetryPolicy(
+        oom=2,
+        oom_factor=1.5,
+        oom_max_memory=2**36,
+        lost=3,
+        failed=1,
+        backoff=5.0,
+        ready_timeout=600.0,
+        not_ready=1,
+    ),
 )
 
 
@@ -81,6 +92,7 @@ def test_the_cli_has_a_flag_for_every_knob_but_the_name() -> None:
             KnobKind.quota: "max-cpu",
             KnobKind.clusters: "cluster",
             KnobKind.rate: "submit-rate",
+            KnobKind.retry: "retry-oom",
         }.get(k.kind, k.name.replace("_", "-"))
         assert want in flags, f"no CLI flag for knob {k.name}"
 

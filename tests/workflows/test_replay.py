@@ -63,6 +63,11 @@ def load(name: str) -> WorkflowHistory:
         # ... and a fresh run reading its stored configuration first (patch
         # ``config-from-store``), its changes stored with the door and audited.
         "scheduler_config",
+        # ... and revision 4 (issue #23): an OOM retried as a new attempt with more
+        # memory, and a pod that never started, requeued at its ready timeout, then
+        # failed NotReady (``make_retry_histories``).
+        "action_retry_oom_rev4",
+        "action_ready_timeout_rev4",
     ],
 )
 async def test_checked_in_histories_replay(name: str) -> None:
