@@ -252,6 +252,14 @@ def test_a_scripted_run_is_visible_in_the_scrape(live: Live) -> None:
     ):
         code, out = hw(live, "submit", "--queue", "train", "--id", action_id, *flags)
         assert code == 0, out
+        if action_id == "filler2":
+            # Running before gang2 comes: gang2 is then first in line, not behind it.
+
+            def running() -> bool | None:
+                code, out = hw(live, "describe", "action", "filler2", "-o", "json")
+                return True if code == 0 and json.loads(out)["state"] == "running" else None
+
+            eventually(running, "filler2 running")
     code, out = hw(live, "describe", "action", "gang2", "-o", "json")
     assert code == 0, out
     waiting = json.loads(out)["waiting"]
