@@ -7,19 +7,23 @@ an earlier run (a branch's migration, a killed run's rows) decides this one's ou
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from headway.store import LeaseStore
 from sqlalchemy import create_engine, make_url, text
 
-from .test_leases import PG
+from .test_leases import BACKENDS, PG
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
+@contextlib.contextmanager
+def fresh_database(prefix: str) -> Iterator[str]:
+    """The URL of a new, empty PostgreSQL database on ``PG``'s server, dropped after."""
     assert PG is not None
-    name = f"hw_store_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = create_engine(PG, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
@@ -29,3 +33,28 @@ def pg_url() -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    with fresh_database("hw_store") as url:
+        yield url
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
+    """A store on SQLite (a file of this test's), and on the session's PostgreSQL."""
+    url = (
+        f"sqlite:///{tmp_path / 'l.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    s = LeaseStore(url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def tenant() -> str:
+    # Unique per test: the PostgreSQL database is shared by the session's tests.
+    return f"t{uuid.uuid4().hex[:10]}"

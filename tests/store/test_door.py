@@ -6,9 +6,6 @@ PostgreSQL when HEADWAY_TEST_POSTGRES_URL is set."""
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from headway.scheduler.door import QueueDoor
@@ -16,24 +13,7 @@ from headway.scheduler.model import QueueStatus, RateLimit
 from headway.scheduler.reasons import Reason
 from headway.store import WANTS_ENDS_CHANNEL, LeaseStore, Put
 
-from .test_leases import BACKENDS, spec
-
-
-@pytest.fixture(params=BACKENDS)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
-    url = (
-        f"sqlite:///{tmp_path / 'door.db'}"
-        if request.param == "sqlite"
-        else request.getfixturevalue("pg_url")
-    )
-    s = LeaseStore(url)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def tenant() -> str:
-    return f"t{uuid.uuid4().hex[:10]}"
+from .test_leases import spec
 
 
 def put(s: LeaseStore, t: str, i: int, queue: str = "q", at: float = 0.0) -> Put:

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import cast
 
 import pytest
@@ -23,26 +20,6 @@ from headway.store.history import (
 from headway.workflows.shared import FinishLeaseInput
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
-
-from .test_leases import BACKENDS
-
-
-@pytest.fixture(params=BACKENDS)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
-    url = (
-        f"sqlite:///{tmp_path / 'h.db'}"
-        if request.param == "sqlite"
-        else request.getfixturevalue("pg_url")
-    )
-    s = LeaseStore(url)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def tenant() -> str:
-    # PostgreSQL's database is shared by every test and every run.
-    return f"t{uuid.uuid4().hex[:10]}"
 
 
 def finished(aid: str, submitted: float, **kw: object) -> Finished:

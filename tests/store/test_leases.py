@@ -6,8 +6,7 @@ import asyncio
 import os
 import sqlite3
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,23 +15,6 @@ from headway.store import DONE_CHANNEL, LeaseStore, Nudge, Put, queue_channel
 
 PG = os.environ.get("HEADWAY_TEST_POSTGRES_URL")
 BACKENDS = ["sqlite", *(["postgresql"] if PG else [])]
-
-
-@pytest.fixture(params=BACKENDS)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
-    url = (
-        f"sqlite:///{tmp_path / 'l.db'}"
-        if request.param == "sqlite"
-        else request.getfixturevalue("pg_url")
-    )
-    s = LeaseStore(url)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def tenant() -> str:
-    return f"t{uuid.uuid4().hex[:10]}"
 
 
 def spec(i: int, queue: str = "q") -> dict[str, object]:

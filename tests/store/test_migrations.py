@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,9 +18,10 @@ from headway.scheduler.reasons import Reason
 from headway.store import LeaseStore, migrations
 from headway.store.config import ConfigStore
 from headway.store.models import Base
-from sqlalchemy import create_engine, inspect, make_url, text
+from sqlalchemy import create_engine, inspect, text
 
 from . import legacy_models
+from .conftest import fresh_database
 from .test_leases import PG
 
 DATA = Path(__file__).parent / "data"
@@ -41,17 +41,8 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'm.db'}"
         return
-    assert PG is not None
-    name = f"hw_mig_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(PG).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with fresh_database("hw_mig") as url:
+        yield url
 
 
 def tables(url: str) -> set[str]:
