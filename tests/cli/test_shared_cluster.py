@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 from headway.cli._common import free_port, load_fleet
 from headway.cli._stack import Stack, _headway, start_server, wait_ready
 from headway.cli.server import server_argv
+from waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -102,33 +102,24 @@ def describe(stack: Stack, tenant: str, action: str) -> dict[str, Any]:
     return doc
 
 
-def until(probe: Any, what: str, timeout_s: float = 90.0, show: Any = None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {show() if show else got}")
-        time.sleep(0.5)
-
-
 def test_a_cluster_shared_by_two_tenants_is_never_overcommitted(
     shared: tuple[Stack, Path],
 ) -> None:
     stack, _ = shared
     code, out = hw(stack, "team-a", "submit", "--cpu", "4", "--duration", "15", "--id", "big-a")
     assert code == 0, out
-    until(
-        lambda: describe(stack, "team-a", "big-a")["state"] == "running", "team-a's action running"
+    eventually(
+        lambda: describe(stack, "team-a", "big-a")["state"] == "running" or None,
+        "team-a's action running",
     )
     # team-b's scheduler has heard the same capacity: the node is full, so its action
     # waits for room in its queue, instead of being sent to a cluster without it.
     code, out = hw(stack, "team-b", "submit", "--cpu", "4", "--duration", "1", "--id", "big-b")
     assert code == 0, out
-    seen = until(
+    seen = eventually(
         lambda: (
-            (w := describe(stack, "team-b", "big-b")).get("reason") == "NoClusterCapacity" and w
+            ((w := describe(stack, "team-b", "big-b")).get("reason") == "NoClusterCapacity" and w)
+            or None
         ),
         "team-b's action waiting for capacity",
     )
@@ -136,8 +127,8 @@ def test_a_cluster_shared_by_two_tenants_is_never_overcommitted(
     a = describe(stack, "team-a", "big-a")
     assert a["state"] == "running", a  # still: b was held back while a ran
     # Once team-a's action ends, the room is team-b's.
-    until(
-        lambda: describe(stack, "team-b", "big-b")["state"] == "succeeded",
+    eventually(
+        lambda: describe(stack, "team-b", "big-b")["state"] == "succeeded" or None,
         "team-b's action done",
         show=lambda: describe(stack, "team-b", "big-b"),
     )

@@ -22,6 +22,7 @@ from headway.cli._common import load_fleet
 from headway.cli._stack import Stack, _headway, wait_ready
 from headway.cli.main import cli
 from temporalio.testing import WorkflowEnvironment
+from waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -72,18 +73,6 @@ def hw_json(stack: Stack, *args: str) -> Any:
     code, out = hw(stack, *args, "-o", "json")
     assert code == 0, out
     return json.loads(out)
-
-
-def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 60.0) -> T:
-    """``probe()`` once it answers (not None), polling; fails naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = probe()
-        if got is not None:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
 
 
 def fits_80(text: str) -> None:

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +33,7 @@ from headway.cli._stack import Stack, _headway
 from headway.cli.main import cli
 from prometheus_client.parser import text_string_to_metric_families
 from temporalio.testing import WorkflowEnvironment
+from waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -144,17 +144,6 @@ def total(
     want = set(labels.items())
     found = [v for (n, ls), v in samples.items() if n == name and want <= ls]
     return sum(found) if found else None
-
-
-def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = probe()
-        if got is not None:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
 
 
 def test_a_scripted_run_is_visible_in_the_scrape(live: Live) -> None:

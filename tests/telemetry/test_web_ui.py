@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,6 +27,7 @@ from headway.cli._common import free_port
 from headway.cli._stack import Stack, _headway, start_server
 from headway.cli.main import cli
 from headway.cli.server import server_argv
+from waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -96,17 +96,6 @@ def hw(live: Live, *args: str) -> tuple[int, str]:
         cli, ["--address", live.stack.address, "--tenant", live.tenant, *args]
     )
     return result.exit_code, result.output
-
-
-def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = probe()
-        if got is not None:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
 
 
 def api(live: Live, path: str, body: dict[str, Any] | None = None) -> Any:
