@@ -660,23 +660,7 @@ class ActionWorkflow:
                 return await self._run_until_ready(
                     req, dispatch, admission, admission.ready_timeout
                 )
-            result: ActionEvent = await workflow.execute_activity(
-                protocol.RUN_ACTION_ACTIVITY,
-                dispatch,
-                summary=f"create {len(dispatch.pods)} pods on {admission.cluster}",
-                result_type=ActionEvent,
-                task_queue=protocol.cluster_task_queue(admission.cluster),
-                start_to_close_timeout=timedelta(days=30),
-                heartbeat_timeout=timedelta(seconds=30),
-                # A retried attempt adopts the pods its predecessor created (the
-                # cluster worker's contract), so retrying never runs the work twice.
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(seconds=1),
-                    maximum_interval=timedelta(seconds=30),
-                    maximum_attempts=20,
-                ),
-                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            )
+            result: ActionEvent = await self._start_run(dispatch, admission)
         except (asyncio.CancelledError, ActivityError) as err:
             cancelled = isinstance(err, asyncio.CancelledError) or (
                 isinstance(err, ActivityError) and isinstance(err.cause, CancelledError)
@@ -692,20 +676,20 @@ class ActionWorkflow:
             raise asyncio.CancelledError() from err
         return result
 
-    async def _run_until_ready(
-        self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission, timeout: float
-    ) -> ActionEvent:
-        """The run activity, given ``timeout`` seconds for every pod to be running; past
-        it the pods are deleted (the activity cancelled, then whatever is left) and the
-        attempt ends ``NotReady`` with the latest message the cluster gave (e.g. ``0/3
-        nodes are available: 1 Insufficient nvidia.com/gpu``)."""
-        handle = workflow.start_activity(
+    def _start_run(
+        self, dispatch: DispatchRequest, admission: Admission
+    ) -> workflow.ActivityHandle[ActionEvent]:
+        """The run activity on the admitted cluster's worker."""
+        return workflow.start_activity(
             protocol.RUN_ACTION_ACTIVITY,
             dispatch,
+            summary=f"create {len(dispatch.pods)} pods on {admission.cluster}",
             result_type=ActionEvent,
             task_queue=protocol.cluster_task_queue(admission.cluster),
             start_to_close_timeout=timedelta(days=30),
             heartbeat_timeout=timedelta(seconds=30),
+            # A retried attempt adopts the pods its predecessor created (the cluster
+            # worker's contract), so retrying never runs the work twice.
             retry_policy=RetryPolicy(
                 initial_interval=timedelta(seconds=1),
                 maximum_interval=timedelta(seconds=30),
@@ -713,6 +697,15 @@ class ActionWorkflow:
             ),
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
+
+    async def _run_until_ready(
+        self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission, timeout: float
+    ) -> ActionEvent:
+        """The run activity, given ``timeout`` seconds for every pod to be running; past
+        it the pods are deleted (the activity cancelled, then whatever is left) and the
+        attempt ends ``NotReady`` with the latest message the cluster gave (e.g. ``0/3
+        nodes are available: 1 Insufficient nvidia.com/gpu``)."""
+        handle = self._start_run(dispatch, admission)
         want = len(dispatch.pods)
         try:
             await workflow.wait_condition(
