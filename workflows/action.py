@@ -482,10 +482,7 @@ class ActionWorkflow:
         # the release, as it always was (a terminal event heard during the release still
         # counts there, so recorded histories end the same way).
         heard = self._terminal if self._terminal is not None and req.revision >= 3 else result
-        ok = heard.kind == ActionEventKind.SUCCEEDED
-        await self._release(
-            "finished", "succeeded" if ok else "failed", "Succeeded" if ok else heard.kind.value
-        )
+        await self._release_ended(heard)
         if self._terminal is not None and req.revision >= 3:
             # The first outcome heard stands: the attempt that saw the pods end signalled
             # it before deleting them; a retry (that attempt's worker killed before its
@@ -529,12 +526,7 @@ class ActionWorkflow:
                     await self._retry_policy(req), result.kind.value, used, spec.pods
                 )
             if retry is None:
-                ok = result.kind == ActionEventKind.SUCCEEDED
-                await self._release(
-                    "finished",
-                    "succeeded" if ok else "failed",
-                    "Succeeded" if ok else result.kind.value,
-                )
+                await self._release_ended(result)
                 return self._conclude(req, result)
             used[retry.cls] = used.get(retry.cls, 0) + 1
             this.retry = retry.note
@@ -782,6 +774,14 @@ class ActionWorkflow:
             workflow.logger.warning("delete of %s failed: %s", req.action_id, err)
 
     # --- helpers ------------------------------------------------------------------
+
+    async def _release_ended(self, end: ActionEvent) -> None:
+        """Release the lease of an attempt whose pods ended with ``end``, the action's
+        last: its record says succeeded, or failed with the end's kind as the reason."""
+        ok = end.kind == ActionEventKind.SUCCEEDED
+        await self._release(
+            "finished", "succeeded" if ok else "failed", "Succeeded" if ok else end.kind.value
+        )
 
     async def _release(self, kind: str, outcome: str | None = None, reason: str = "") -> None:
         """Release the attempt's lease; with ``outcome``, the action's end: its record
