@@ -649,13 +649,6 @@ def _value_of(res: ActionResult, req: SubmitRequest) -> Any:
     )
 
 
-async def _submit(client: Any, req: SubmitRequest) -> Any:
-    """``submit_action`` (retried there on the server's transient answers)."""
-    from headway.workflows import client as hw
-
-    return await hw.submit_action(client, req)
-
-
 class Run:
     """A run: actions submitted together (the main action and every child it awaits).
 
@@ -732,7 +725,9 @@ class Run:
             labels={"headway.io/parent": parent} if parent else {},
         )
         client = await ENGINE.client(conn)
-        sub = await _submit(client, req)
+        from headway.workflows import client as hw
+
+        sub = await hw.submit_action(client, req)  # (it retries transient answers itself)
         answer = sub.answer
         if answer is not None and not answer.accepted:
             raise rejection(

@@ -37,7 +37,7 @@ def test_an_sdk_task_pod_runs_the_entrypoint_in_its_image_with_its_rank(monkeypa
         captured["req"] = req
         raise RuntimeError("not sent")
 
-    monkeypatch.setattr("headway.sdk.tasks._submit", fake_submit)
+    monkeypatch.setattr("headway.workflows.client.submit_action", fake_submit)
     monkeypatch.setattr("headway.sdk._engine.ENGINE.client", _no_client)
     run = Run(Connection("temporal:7233", "default", "default"), "r1", "production")
     with pytest.raises(RuntimeError, match="not sent"):
