@@ -84,7 +84,11 @@ class View:
 
 
 def sim_view(name: str, sc: Scenario, res: SimResult) -> View:
-    """The simulator's result of ``sc`` as a view."""
+    """The simulator's result of ``sc`` as a view.
+
+    An action whose attempts failed (``failures:``) counts from its first start to its
+    last end with its first attempt's pods: its retries' gaps and raised memory are not
+    told apart (an approximation of its utilization, not of its waits)."""
     pods = {w.spec.id: w.spec.pods for w in sc.workload}
     acts = [
         ActionRun(

@@ -267,11 +267,15 @@ def simulate_summary(sc: Scenario, res: SimResult) -> str:
         f"{'QUEUE':<22}{'ADMITTED':>9}{'REJECTED':>9}{'PENDING':>8}{'WAIT P50':>10}"
         f"{'WAIT P95':>10}{'WAIT MAX':>10}",
     ]
+    # A scenario with failures (``failures:``) has a failed count per queue.
+    failures = any("failed" in q for q in d["queues"].values())
+    if failures:
+        lines[-1] += f"{'FAILED':>8}"
     for name, q in d["queues"].items():
         lines.append(
             f"{name:<22.22}{q['admitted']:>9}{q['rejected']:>9}{q['pending']:>8}"
             f"{human_duration(q['wait_p50']):>10}{human_duration(q['wait_p95']):>10}"
-            f"{human_duration(q['wait_max']):>10}"
+            f"{human_duration(q['wait_max']):>10}" + (f"{q['failed']:>8}" if failures else "")
         )
     m = measure(sim_view("run", sc, res), float("inf"))
     lines += ["", f"{'CLUSTER':<22}{'CPU USED':>10}{'GPU USED':>10}{'MEMORY USED':>12}"]

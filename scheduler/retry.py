@@ -15,7 +15,17 @@ from dataclasses import dataclass, replace
 from .model import RetryPolicy
 from .resources import Pod
 
-__all__ = ["LOST_KINDS", "NOT_READY_KIND", "OOM_KIND", "Retry", "failure_class", "next_attempt"]
+__all__ = [
+    "ATTEMPT_SEP",
+    "FAILURE_KINDS",
+    "LOST_KINDS",
+    "NOT_READY_KIND",
+    "OOM_KIND",
+    "Retry",
+    "attempt_id",
+    "failure_class",
+    "next_attempt",
+]
 
 #: Ends that lose the work through no fault of its own: requeued at the head.
 LOST_KINDS = frozenset({"Preempted", "Evicted", "NodeLost", "PodLost"})
@@ -26,6 +36,17 @@ FAILED_KIND = "Failed"
 NOT_READY_KIND = "NotReady"
 #: Longest wait between two retries of an application failure.
 MAX_BACKOFF_S = 3600.0
+#: Every end a retry policy has a class for.
+FAILURE_KINDS = frozenset({OOM_KIND, FAILED_KIND, NOT_READY_KIND, *LOST_KINDS})
+
+#: Separates an action's id from its attempt number in the id of attempt 2 and later
+#: (``train-7~2``): each attempt is a lease, an admission and pods of its own.
+ATTEMPT_SEP = "~"
+
+
+def attempt_id(action_id: str, number: int) -> str:
+    """The id attempt ``number`` (1 first) of ``action_id`` is leased and dispatched as."""
+    return action_id if number <= 1 else f"{action_id}{ATTEMPT_SEP}{number}"
 
 
 @dataclass(frozen=True, slots=True)

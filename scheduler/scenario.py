@@ -37,8 +37,10 @@ from .model import (
     spark_demand,
 )
 from .resources import Pod, QuantityError, parse_pod, parse_quota
+from .retry import FAILURE_KINDS, NOT_READY_KIND
 
 __all__ = [
+    "Failure",
     "Scenario",
     "ScenarioError",
     "WorkItem",
@@ -194,13 +196,29 @@ class _Ctx:
             raise self.fail(line, head, tail) from exc
 
 
+@dataclass(frozen=True)
+class Failure:
+    """How one attempt of a workload entry ends before the attempt that runs to its end.
+
+    ``kind`` is an end a retry policy has a class for (``OOMKilled``, ``Preempted``,
+    ``Evicted``, ``NodeLost``, ``PodLost``, ``Failed``, ``NotReady``); ``after`` is how
+    long that attempt runs, or None for ``NotReady``: its pods never all run, so it ends
+    when its queue's ``retry.ready_timeout`` does.
+    """
+
+    kind: str
+    after: float | None = None
+
+
 @dataclass
 class WorkItem:
-    """One workload entry: the action spec plus how long it really runs."""
+    """One workload entry: the action spec, how long it really runs, and how its
+    earlier attempts end (``failures``, in order; none by default)."""
 
     spec: ActionSpec
     duration: float
     line: int = 0
+    failures: tuple[Failure, ...] = ()
 
 
 @dataclass
@@ -482,10 +500,13 @@ _WORK_FIELDS = {
     "ray",
     "spark",
     "environment",
+    "failures",
 }
 
 
-def _workload(ctx: _Ctx, v: Any, path: str, line: int | None, queues: set[str]) -> list[WorkItem]:
+def _workload(
+    ctx: _Ctx, v: Any, path: str, line: int | None, queues: Mapping[str, QueueSpec]
+) -> list[WorkItem]:
     out: list[WorkItem] = []
     seen: set[str] = set()
     s = ctx.seq(v, path, line)
@@ -521,8 +542,50 @@ def _workload(ctx: _Ctx, v: Any, path: str, line: int | None, queues: set[str]) 
             environment=env,
             kind=kind,
         )
-        out.append(WorkItem(spec, ctx.number(m, "duration", p), s.lines[i]))
+        fails: tuple[Failure, ...] = ()
+        if m.get("failures") is not None:
+            fl = ctx.line_of(m, "failures")
+            fails = _failures(ctx, m["failures"], f"{p}.failures", fl, queues[q])
+        out.append(WorkItem(spec, ctx.number(m, "duration", p), s.lines[i], fails))
     return out
+
+
+def _failures(
+    ctx: _Ctx, v: Any, path: str, line: int | None, queue: QueueSpec
+) -> tuple[Failure, ...]:
+    out: list[Failure] = []
+    s = ctx.seq(v, path, line)
+    for i, raw in enumerate(s):
+        p = f"{path}[{i}]"
+        m = ctx.mapping(raw, p, s.lines[i])
+        ctx.keys(m, p, {"kind", "after"}, {"kind"})
+        kind = ctx.string(m, "kind", p)
+        if kind not in FAILURE_KINDS:
+            raise ctx.fail(
+                ctx.line_of(m, "kind"),
+                f"{p}.kind",
+                f"{kind!r} is not one of {', '.join(sorted(FAILURE_KINDS))}",
+            )
+        if kind == NOT_READY_KIND:
+            if "after" in m:
+                raise ctx.fail(
+                    ctx.line_of(m, "after"),
+                    f"{p}.after",
+                    f"{_shown(m['after'])}: a NotReady attempt ends at its queue's "
+                    "retry.ready_timeout; leave after out",
+                )
+            if queue.retry.ready_timeout is None:
+                raise ctx.fail(
+                    ctx.line_of(m, "kind"),
+                    f"{p}.kind",
+                    f"NotReady needs queue {queue.name!r} to set retry.ready_timeout",
+                )
+            out.append(Failure(kind))
+            continue
+        if "after" not in m:
+            raise ctx.fail(m.line, f"{p}.after", f"required for kind {kind}")
+        out.append(Failure(kind, ctx.number(m, "after", p)))
+    return tuple(out)
 
 
 def _events(
@@ -587,13 +650,14 @@ def load_scenario(text: str, source: str = "<scenario>") -> Scenario:
     cnames = {c.name for c in clusters}
     queues = _queues(ctx, doc["queues"], "queues", ctx.line_of(doc, "queues"), cnames)
     qnames = {q.name for q in queues}
+    by_name = {q.name: q for q in queues}
     org = _org(ctx, doc.get("org"), "org", ctx.line_of(doc, "org"))
     envs = (
         _environments(ctx, doc["environments"], "environments", ctx.line_of(doc, "environments"))
         if doc.get("environments") is not None
         else []
     )
-    work = _workload(ctx, doc["workload"], "workload", ctx.line_of(doc, "workload"), qnames)
+    work = _workload(ctx, doc["workload"], "workload", ctx.line_of(doc, "workload"), by_name)
     events = (
         _events(ctx, doc["events"], "events", ctx.line_of(doc, "events"), qnames, cnames)
         if doc.get("events") is not None

@@ -2,10 +2,19 @@
 
 The simulator is a discrete-event loop around the very same ``Scheduler`` the scheduler
 workflow runs; nothing here decides anything. At each instant it applies, in order:
-completions, environment expiries, ``events:`` entries (file order), submissions (file
-order), waiting actions past their queue's ``max_queued_time`` rejected (``QueuedTooLong``),
-then a scheduling cycle; zero-duration actions started by that cycle complete at
-the same instant, in a new round after it.
+completions, retries due, environment expiries, ``events:`` entries (file order),
+submissions (file order), waiting actions past their queue's ``max_queued_time`` rejected
+(``QueuedTooLong``), then a scheduling cycle; zero-duration actions started by that cycle
+complete at the same instant, in a new round after it.
+
+Failures (a workload entry's ``failures:``) end its attempts one by one before the attempt
+that runs its ``duration``. Each failed attempt is retried as the live action workflow
+retries it, by the same rule (``retry.next_attempt`` over the queue's policy as it is at
+that instant): the next attempt is submitted past the door with the action's first submit
+time, as ``ACTION~N``, at once (OOM with raised memory; a lost attempt) or after its
+backoff (an application failure; ``NotReady``, which ends ``retry.ready_timeout`` after
+its start). A failure the policy does not retry, or a retry the core refuses, is the
+action's end: status ``failed``.
 """
 
 from __future__ import annotations
@@ -14,13 +23,14 @@ import heapq
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .core import Scheduler
 from .model import ActionSpec, ClusterSpec, NodeGroup, OrgLimits, QueueSpec
 from .reasons import Reason
 from .resources import Pod
+from .retry import NOT_READY_KIND, attempt_id, next_attempt
 from .scenario import Scenario, WorkItem
 
 __all__ = ["SimResult", "load_swf", "render_json", "simulate", "summary_text"]
@@ -29,7 +39,7 @@ __all__ = ["SimResult", "load_swf", "render_json", "simulate", "summary_text"]
 class _Rec:
     # A plain class, not a dataclass: one is made per action of a trace, and a
     # dataclass's generated ``__init__`` (with a default factory) costs more.
-    __slots__ = ("cluster", "end", "item", "reasons", "start", "status")
+    __slots__ = ("attempts", "cluster", "end", "item", "reasons", "start", "status", "used")
 
     def __init__(self, item: WorkItem) -> None:
         self.item = item
@@ -38,6 +48,19 @@ class _Rec:
         self.cluster: str | None = None
         self.status = "pending"
         self.reasons: list[str] = []
+        # Only for an entry with failures: each attempt's record, and the retries
+        # used so far by class (``retry.next_attempt``).
+        self.attempts: list[dict[str, Any]] = []
+        self.used: dict[str, int] = {}
+
+
+class _Attempt:
+    """The attempt running now of an action: its spec and how it will end."""
+
+    __slots__ = ("kind", "rec", "spec")
+
+    def __init__(self, rec: _Rec, spec: ActionSpec, kind: str) -> None:
+        self.rec, self.spec, self.kind = rec, spec, kind
 
 
 @dataclass
@@ -64,12 +87,14 @@ def simulate(sc: Scenario, seed: int = 0, skipped: int = 0) -> SimResult:
     del seed
     sched = Scheduler(sc.clusters, sc.queues, sc.org, sc.environments)
     recs = [_Rec(w) for w in sc.workload]
-    by_id = {r.item.spec.id: r for r in recs}
+    by_id = {r.item.spec.id: r for r in recs}  # attempts 2+ are added as they are made
     subs = sorted(range(len(recs)), key=lambda i: (recs[i].item.spec.submit, i))
     evs = sorted(range(len(sc.events)), key=lambda i: (sc.events[i][0], i))
     si = ei = 0
     ends: list[tuple[float, int, str]] = []  # (end time, seq, id)
     seq_of = {r.item.spec.id: i for i, r in enumerate(recs)}
+    retries: list[tuple[float, int, int, ActionSpec]] = []  # (due, seq, attempt, spec)
+    failing: dict[str, _Attempt] = {}  # running attempts of entries with failures
     while True:
         cands = []
         if si < len(subs):
@@ -78,6 +103,8 @@ def simulate(sc: Scenario, seed: int = 0, skipped: int = 0) -> SimResult:
             cands.append(sc.events[evs[ei]][0])
         if ends:
             cands.append(ends[0][0])
+        if retries:
+            cands.append(retries[0][0])
         wake = sched.next_wakeup()
         if wake is not None:
             cands.append(wake)
@@ -91,6 +118,15 @@ def simulate(sc: Scenario, seed: int = 0, skipped: int = 0) -> SimResult:
                 done.append(heapq.heappop(ends))
             for _, _, aid in done:
                 sched.finish(aid, now)
+                att = failing.pop(aid, None)
+                if att is not None:
+                    nxt = _attempt_ended(sched, att, now)
+                    if nxt is not None:
+                        by_id[nxt[2].id] = att.rec
+                        heapq.heappush(retries, (nxt[0], seq_of[att.rec.item.spec.id], *nxt[1:]))
+            while retries and retries[0][0] <= now:
+                _, _, _, spec = heapq.heappop(retries)
+                _retry(sched, by_id[spec.id], spec, now)
             sched.expire_environments(now)
             if first:
                 while ei < len(evs) and sc.events[evs[ei]][0] <= now:
@@ -112,6 +148,14 @@ def simulate(sc: Scenario, seed: int = 0, skipped: int = 0) -> SimResult:
                 r.reasons = [str(Reason.QueuedTooLong)]
             for adm in sched.schedule(now):
                 r = by_id[adm.action_id]
+                if r.item.failures:
+                    end = _attempt_started(sched, r, adm.action_id, adm.cluster, now, failing)
+                    if r.start is None:
+                        r.start, r.reasons = now, list(adm.reasons)
+                    r.cluster = adm.cluster
+                    if end is not None:
+                        heapq.heappush(ends, (end, seq_of[r.item.spec.id], adm.action_id))
+                    continue
                 r.start = now
                 r.cluster = adm.cluster
                 r.reasons = list(adm.reasons)
@@ -123,7 +167,81 @@ def simulate(sc: Scenario, seed: int = 0, skipped: int = 0) -> SimResult:
     for r in recs:
         if r.status == "pending":
             r.reasons = sched.reasons(r.item.spec.id)
+        elif r.status == "retrying":  # its next attempt waits
+            r.status = "pending"
+            r.reasons = sched.reasons(r.attempts[-1]["next"])
     return SimResult(_result(sc, recs, sched, skipped))
+
+
+# ------------------------------------------------------------ failures and retries
+
+
+def _attempt_started(
+    sched: Scheduler,
+    r: _Rec,
+    aid: str,
+    cluster: str,
+    now: float,
+    failing: dict[str, _Attempt],
+) -> float | None:
+    """An attempt of an entry with failures was admitted: when it ends (None: never,
+    a ``NotReady`` attempt on a queue that has no ``ready_timeout`` any more)."""
+    spec = r.item.spec if aid == r.item.spec.id else _attempt_spec(r, aid)
+    k = len(r.attempts)
+    if k < len(r.item.failures):
+        f = r.item.failures[k]
+        kind = f.kind
+        took = f.after
+        if kind == NOT_READY_KIND:
+            took = sched.queues[spec.queue].spec.retry.ready_timeout
+    else:
+        kind, took = "Succeeded", r.item.duration
+    end = None if took is None else now + took
+    r.attempts.append(
+        {"id": aid, "start": now, "end": end, "cluster": cluster, "outcome": kind, "spec": spec}
+    )
+    r.status, r.end = "running", None
+    failing[aid] = _Attempt(r, spec, kind)
+    return end
+
+
+def _attempt_spec(r: _Rec, aid: str) -> ActionSpec:
+    for a in reversed(r.attempts):
+        if a.get("next") == aid:
+            spec: ActionSpec = a["next_spec"]
+            return spec
+    raise AssertionError(f"attempt {aid!r} was never made")  # pragma: no cover
+
+
+def _attempt_ended(
+    sched: Scheduler, att: _Attempt, now: float
+) -> tuple[float, int, ActionSpec] | None:
+    """An attempt ended. Its action's end, or its next attempt (due time, number, spec)
+    by the queue's retry policy as it is now."""
+    r = att.rec
+    if att.kind == "Succeeded":
+        r.status, r.end = "succeeded", now
+        return None
+    policy = sched.queues[att.spec.queue].spec.retry
+    retry = next_attempt(policy, att.kind, r.used, att.spec.pods)
+    if retry is None:
+        r.status, r.end = "failed", now
+        return None
+    r.used[retry.cls] = r.used.get(retry.cls, 0) + 1
+    number = len(r.attempts) + 1
+    nxt = replace(att.spec, id=attempt_id(r.item.spec.id, number), pods=retry.pods)
+    last = r.attempts[-1]
+    last["retry"], last["next"], last["next_spec"] = retry.note, nxt.id, nxt
+    r.status, r.end = "retrying", now
+    return now + retry.delay, number, nxt
+
+
+def _retry(sched: Scheduler, r: _Rec, spec: ActionSpec, now: float) -> None:
+    """The next attempt's submission: past the door, at the action's first submit time."""
+    rej = sched.submit(spec, now, door=False)
+    if rej is not None:
+        r.status = "failed"
+        r.attempts[-1]["refused"] = str(rej)
 
 
 def _apply_event(sched: Scheduler, ev: tuple[float, str, Any]) -> None:
@@ -139,22 +257,26 @@ def _apply_event(sched: Scheduler, ev: tuple[float, str, Any]) -> None:
 
 
 def _result(sc: Scenario, recs: list[_Rec], sched: Scheduler, skipped: int) -> dict[str, Any]:
+    # Keys for failures (an action's ``attempts``, a queue's ``failed``) appear only in
+    # the result of a scenario that declares some, so every other result is as it was.
+    failures = any(r.item.failures for r in recs)
     actions = []
     for r in recs:
         s = r.item.spec
-        actions.append(
-            {
-                "id": s.id,
-                "run": s.run_id,
-                "queue": s.queue,
-                "submit": s.submit,
-                "start": r.start,
-                "end": r.end,
-                "cluster": r.cluster,
-                "status": r.status,
-                "reasons": r.reasons,
-            }
-        )
+        doc = {
+            "id": s.id,
+            "run": s.run_id,
+            "queue": s.queue,
+            "submit": s.submit,
+            "start": r.start,
+            "end": r.end,
+            "cluster": r.cluster,
+            "status": r.status,
+            "reasons": r.reasons,
+        }
+        if r.item.failures:
+            doc["attempts"] = [_attempt_doc(a) for a in r.attempts]
+        actions.append(doc)
     queues: dict[str, Any] = {}
     for q in sc.queues:
         mine = [r for r in recs if r.item.spec.queue == q.name]
@@ -167,6 +289,8 @@ def _result(sc: Scenario, recs: list[_Rec], sched: Scheduler, skipped: int) -> d
             "wait_p95": _percentile(waits, 0.95) if waits else None,
             "wait_max": max(waits) if waits else None,
         }
+        if failures:
+            queues[q.name]["failed"] = sum(1 for r in mine if r.status == "failed")
     started = [r for r in recs if r.start is not None]
     first_submit = min((r.item.spec.submit for r in recs), default=None)
     last_end = max((r.end for r in started if r.end is not None), default=None)
@@ -180,12 +304,12 @@ def _result(sc: Scenario, recs: list[_Rec], sched: Scheduler, skipped: int) -> d
             totals["ephemeral_storage"] += g.shape.eph * g.count
     used = {"cpu": 0.0, "memory": 0.0, "gpu": 0.0, "ephemeral_storage": 0.0}
     for r in started:
-        d = r.item.duration
-        for p in r.item.spec.pods:
-            used["cpu"] += p.cpu * d
-            used["memory"] += p.memory * d
-            used["gpu"] += p.gpu * d
-            used["ephemeral_storage"] += p.eph * d
+        for pods, d in _occupied(r):
+            for p in pods:
+                used["cpu"] += p.cpu * d
+                used["memory"] += p.memory * d
+                used["gpu"] += p.gpu * d
+                used["ephemeral_storage"] += p.eph * d
     util: dict[str, float | None] = {}
     for k in ("cpu", "memory", "gpu", "ephemeral_storage"):
         if totals[k] == 0:
@@ -218,6 +342,19 @@ def _result(sc: Scenario, recs: list[_Rec], sched: Scheduler, skipped: int) -> d
     }
 
 
+def _attempt_doc(a: dict[str, Any]) -> dict[str, Any]:
+    keys = ("id", "start", "end", "cluster", "outcome", "retry", "refused")
+    return {k: a[k] for k in keys if k in a}
+
+
+def _occupied(r: _Rec) -> list[tuple[tuple[Pod, ...], float]]:
+    """What an action held and for how long: each attempt that ended (an entry with
+    failures), else its pods for its duration."""
+    if not r.item.failures:
+        return [(r.item.spec.pods, r.item.duration)]
+    return [(a["spec"].pods, a["end"] - a["start"]) for a in r.attempts if a["end"] is not None]
+
+
 def render_json(res: SimResult) -> str:
     """The result as JSON text: same input, byte-identical output."""
     return json.dumps(res.doc, indent=2, sort_keys=False) + "\n"
@@ -237,9 +374,11 @@ def summary_text(res: SimResult) -> str:
         f"{'queue':<20} {'admitted':>8} {'rejected':>8} {'pending':>8} {'p50':>10} {'p95':>10} {'max':>10}"
     )
     for name, q in d["queues"].items():
+        failed = f"  ({q['failed']} failed)" if q.get("failed") else ""
         lines.append(
             f"{name:<20} {q['admitted']:>8} {q['rejected']:>8} {q['pending']:>8}"
             f" {_fmt(q['wait_p50']):>10} {_fmt(q['wait_p95']):>10} {_fmt(q['wait_max']):>10}"
+            + failed
         )
     u = d["utilization"]
     lines.append(

@@ -61,7 +61,7 @@ with workflow.unsafe.imports_passed_through():
     from headway.scheduler.model import ActionSpec, DemandKind
     from headway.scheduler.model import RetryPolicy as QueueRetry
     from headway.scheduler.resources import Pod
-    from headway.scheduler.retry import Retry, next_attempt
+    from headway.scheduler.retry import ATTEMPT_SEP, Retry, attempt_id, next_attempt
     from headway.workflows import summary
     from headway.workflows.shared import (
         FINISH_LEASE_ACTIVITY,
@@ -121,16 +121,6 @@ REASON_SIGNAL = "waiting_reason"
 
 #: Label an SDK task's child action carries: its parent action's id.
 PARENT_LABEL = "headway.io/parent"
-
-#: Separates an action's id from its attempt number in the id of attempt 2 and later
-#: (``train-7~2``): each attempt is a lease, an admission and pods of its own.
-ATTEMPT_SEP = "~"
-
-
-def attempt_id(action_id: str, number: int) -> str:
-    """The id attempt ``number`` (1 first) of ``action_id`` is leased and dispatched as."""
-    return action_id if number <= 1 else f"{action_id}{ATTEMPT_SEP}{number}"
-
 
 #: Events kept on the workflow for the ``state`` query (the oldest are dropped first,
 #: the terminal one is always kept).
