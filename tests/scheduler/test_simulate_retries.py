@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -259,3 +260,15 @@ def test_simulate_cli_prints_the_failed_count(tmp_path: Any) -> None:
     header, row = res.output.splitlines()[2:4]
     assert header.split()[-1] == "FAILED"
     assert row.split()[0] == "q" and row.split()[-1] == "1"
+
+
+def test_the_shipped_retries_example_shows_each_class() -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / "retries.yaml"
+    got = _run(path.read_text())
+    outcomes = {aid: [t["outcome"] for t in a["attempts"]] for aid, a in got.items()}
+    assert outcomes == {
+        "finetune": ["OOMKilled", "Succeeded"],
+        "pretrain": ["Preempted", "Succeeded"],
+        "eval": ["NotReady", "Failed", "Succeeded"],
+    }
+    assert got["pretrain"]["attempts"][1]["start"] == 610  # at the head, at once
