@@ -270,6 +270,7 @@ def _base_view(cfg: Settings, d: ActionDetails) -> dict[str, Any]:
         "estimate_s": req.estimate_s if req is not None else None,
         "image": req.image if req is not None else None,
         "reasons": reasons,
+        "waited": _waited(st, d.ended_at),
         "waiting": None,
         "retries": max(0, d.attempts - 1),
         "attempts": [asdict(a) for a in st.attempts] if st is not None else [],
@@ -280,6 +281,26 @@ def _base_view(cfg: Settings, d: ActionDetails) -> dict[str, Any]:
         "workflow_id": d.workflow_id,
         "ui": workflow_url(cfg, d.workflow_id),
     }
+
+
+def _waited(st: Any, ended_at: float | None) -> list[dict[str, Any]]:
+    """Each reason the action was told it waits for, from when it was seen and for how
+    long: until the next reason, its admission or its end (None: it still waits)."""
+    if st is None:
+        return []
+    spans = list(st.waited)
+    out = []
+    for i, r in enumerate(spans):
+        if i + 1 < len(spans):
+            until: float | None = spans[i + 1].at
+        elif st.admitted_at is not None and st.admitted_at >= r.at:
+            until = st.admitted_at
+        else:
+            until = st.ended_at or ended_at
+        out.append(
+            {"reason": r.reason, "at": r.at, "for_s": None if until is None else until - r.at}
+        )
+    return out
 
 
 async def _waiting_view(
@@ -376,6 +397,21 @@ def _render(v: dict[str, Any], max_events: int) -> str:
         )
     b.field("Estimate", duration(v["estimate_s"]) if v["estimate_s"] is not None else None)
     b.field("Reasons", v["reasons"] or "none")
+    if v["waited"]:
+        # When each reason was seen (the scheduler's poller tells a waiting action its
+        # reason after a poll and on every change): the timeline of its wait.
+        b.section("Waited for")
+        b.table(
+            ["reason", "seen at", "for"],
+            [
+                [
+                    w["reason"],
+                    _when(w["at"]),
+                    "still waiting" if w["for_s"] is None else duration(w["for_s"]),
+                ]
+                for w in v["waited"]
+            ],
+        )
     w = v["waiting"]
     if w is not None:
         b.section("Waiting")

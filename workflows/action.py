@@ -89,6 +89,7 @@ __all__ = [
     "ActionStatus",
     "ActionWorkflow",
     "Attempt",
+    "ReasonSeen",
     "SubmitAnswer",
     "WaitingReason",
     "attempt_id",
@@ -177,6 +178,19 @@ class Attempt:
 
 
 @dataclass
+class ReasonSeen:
+    """A reason an action waited for and when it was told it (its workflow's clock).
+
+    The scheduler's poller tells a waiting action its reason once it has waited a poll
+    or more and then on every change, so ``at`` is when the reason was seen, at most
+    about two poll intervals after it began.
+    """
+
+    reason: str
+    at: float
+
+
+@dataclass
 class ActionStatus:
     """What the ``state`` query answers."""
 
@@ -193,6 +207,9 @@ class ActionStatus:
     ended_at: float | None = None
     #: Revision 4+: every attempt so far, the current one last (``id`` is the lease's).
     attempts: list[Attempt] = field(default_factory=list)
+    #: Each reason it waited for, when it was told (``waiting_reason``), in order: a new
+    #: entry whenever the scheduler's current reason changed.
+    waited: list[ReasonSeen] = field(default_factory=list)
 
 
 @dataclass
@@ -320,6 +337,8 @@ class ActionWorkflow:
             return  # admitted, rejected or ended meanwhile: those say more
         if note.reason == st.reason and note.reasons == st.reasons:
             return
+        if not st.waited or st.waited[-1].reason != note.reason:
+            st.waited.append(ReasonSeen(note.reason, workflow.now().timestamp()))
         st.reason, st.reasons = note.reason, list(note.reasons)
         self._set_details(summary.waiting(self._demand, st.queue, note.reason, note.reasons))
         self._publish()

@@ -166,6 +166,17 @@ def test_a_blocked_gang_reads_in_the_web_ui_while_it_waits_and_after_it_ran(live
     assert small.startswith("succeeded: 1×H100:1 on gpu-a after "), small
     assert small.endswith(" s: HeldForGang, NoClusterCapacity"), small
 
+    # `describe action` has the wait's timeline: each reason told, when, and for how long
+    # (until the next reason or the admission).
+    for action, reason in (("gang", "NoClusterCapacity"), ("small", "HeldForGang")):
+        code, out = hw(live, "describe", "action", action, "-o", "json")
+        assert code == 0, out
+        waited = json.loads(out)["waited"]
+        assert reason in [w["reason"] for w in waited], waited
+        assert all(w["for_s"] is not None and w["for_s"] >= 0 for w in waited), waited
+    code, out = hw(live, "describe", "action", "gang")
+    assert "Waited for" in out and "NoClusterCapacity" in out.split("Waited for", 1)[1], out
+
     # The static summary and details, as the start set them.
     meta = described(live, "gang")["executionConfig"]["userMetadata"]
     assert value(meta["summary"]) == "2×H100:8 in train"
