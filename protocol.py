@@ -292,6 +292,9 @@ UPDATE_QUEUE_UPDATE = "update_queue"
 SET_ORG_UPDATE = "set_org"
 #: Update on the scheduler workflow: {"name": ...}; removes an empty queue.
 REMOVE_QUEUE_UPDATE = "remove_queue"
+#: Update on the scheduler workflow: a ClusterSpec.to_dict() dict (+ "by"); adds a cluster
+#: to the tenant's fleet or replaces its declared shape. Returns the dict as applied.
+REGISTER_CLUSTER_UPDATE = "register_cluster"
 
 
 @dataclass

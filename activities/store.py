@@ -358,6 +358,7 @@ class StoreActivities:
                 inp.config.get("queues") or {},
                 inp.config.get("org"),
                 inp.audit,
+                clusters=inp.config.get("clusters"),
             )
 
     @activity.defn(name=CONFIG_ACTIVITY)

@@ -10,7 +10,7 @@ __all__ = ["create", "delete", "describe", "drain", "get", "resume", "update"]
 
 @click.group()
 def create() -> None:
-    """Create a resource (queue)."""
+    """Create a resource (queue, cluster)."""
 
 
 @click.group()

@@ -1,4 +1,5 @@
-"""Cluster commands: ``headway get clusters`` and ``describe cluster NAME``.
+"""Cluster commands: ``headway get clusters``, ``describe cluster NAME`` and
+``create cluster NAME`` (the cluster registry: the tenant's fleet, stored and audited).
 
 Both read the tenant's scheduler: its ``fleet`` query (the declared fleet and the latest
 capacity report of each cluster: when, from which worker incarnation, known or not) and
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ._common import Settings, check_name, no_tenant, settings, with_client
-from ._groups import describe, get
+from ._groups import create, describe, get
 from ._output import (
     Block,
     duration,
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from headway.scheduler import Scheduler
     from temporalio.client import Client
 
-__all__ = ["describe_cluster", "get_clusters"]
+__all__ = ["create_cluster", "describe_cluster", "get_clusters"]
 
 #: What each status means (``describe cluster`` prints it).
 STATUS_HELP = {
@@ -249,13 +250,26 @@ def _count(gpu: Any) -> Any:
 
 @describe.command("cluster")
 @click.argument("name", shell_complete=complete_clusters)
+@click.option(
+    "--history",
+    is_flag=True,
+    help="Show the changes of its registration instead (who, when, from where, old -> new).",
+)
+@click.option(
+    "--last", type=click.IntRange(min=1), default=50, show_default=True, help="With --history."
+)
 @output_option
 @click.pass_context
-def describe_cluster(ctx: click.Context, name: str, output: str) -> None:
+def describe_cluster(ctx: click.Context, name: str, history: bool, last: int, output: str) -> None:
     """Show the cluster NAME: status, its last capacity report, allocatable and free per
     node, what this tenant's actions and everything else use, and what runs there."""
     cfg = settings(ctx)
     check_name(name, "NAME")
+    if history:
+        from .queues import show_history
+
+        show_history(cfg, "cluster", name, last, output)
+        return
     views = {v["name"]: v for v in _fetch(cfg)}
     v = views.get(name)
     if v is None:
@@ -315,3 +329,112 @@ def _line(amounts: Mapping[str, Any]) -> str:
         f"{'ephemeral' if r == 'ephemeral_storage' else r} {'?' if amounts[r] is None else amounts[r]}"
         for r in _RES
     )
+
+
+# --- create cluster -------------------------------------------------------------------------
+
+#: ``--node-group`` keys: the group's name and node count, and the node shape's resources
+#: (as a fleet file's ``shape:``).
+_GROUP_KEYS = ("name", "count", "cpu", "memory", "gpu", "ephemeral-storage")
+
+
+def _node_group(raw: str) -> dict[str, Any]:
+    """``name=h100,count=2,cpu=96,memory=1Ti,gpu=H100:8`` as a fleet file's node group."""
+    fields: dict[str, str] = {}
+    for part in raw.split(","):
+        key, eq, value = part.strip().partition("=")
+        if not eq or not value or key not in _GROUP_KEYS:
+            raise click.BadParameter(
+                f"{raw!r}: {part.strip()!r} is not KEY=VALUE with KEY one of "
+                f"{', '.join(_GROUP_KEYS)}",
+                param_hint="--node-group",
+            )
+        if key in fields:
+            raise click.BadParameter(f"{raw!r}: {key} is given twice", param_hint="--node-group")
+        fields[key] = value
+    for need in ("name", "count"):
+        if need not in fields:
+            raise click.BadParameter(f"{raw!r}: {need}= is required", param_hint="--node-group")
+    try:
+        count = int(fields["count"])
+    except ValueError:
+        raise click.BadParameter(
+            f"{raw!r}: count {fields['count']!r} is not a whole number", param_hint="--node-group"
+        ) from None
+    shape = {k.replace("-", "_"): v for k, v in fields.items() if k not in ("name", "count")}
+    return {"name": fields["name"], "count": count, "shape": shape}
+
+
+def cluster_spec(name: str, groups: tuple[str, ...], unknown_capacity: bool) -> dict[str, Any]:
+    """The cluster the flags declare, checked by the fleet file's own parser (so the
+    scheduler takes exactly what a fleet file would), as ``ClusterSpec.to_dict()``."""
+    import json
+
+    from headway.scheduler.scenario import ScenarioError, parse_fleet
+
+    spec = {
+        "name": name,
+        "node_groups": [_node_group(g) for g in groups],
+        "reports_capacity": not unknown_capacity,
+    }
+    try:
+        (c,) = parse_fleet(json.dumps({"clusters": [spec]}), source="cluster").clusters
+    except ScenarioError as exc:
+        # "cluster:1: clusters[0].node_groups[1].count: -1 must be >= 0" -> the flag's part.
+        said = str(exc).split("clusters[0].", 1)[-1]
+        raise click.BadParameter(said, param_hint="--node-group") from None
+    return c.to_dict()
+
+
+@create.command("cluster")
+@click.argument("name", shell_complete=complete_clusters)
+@click.option(
+    "--node-group",
+    "node_groups",
+    multiple=True,
+    metavar="name=N,count=N[,cpu=Q,memory=Q,gpu=[TYPE:]N,ephemeral-storage=Q]",
+    help="A group of like nodes (repeat for each group), e.g. "
+    "name=h100,count=2,cpu=96,memory=1Ti,gpu=H100:8.",
+)
+@click.option(
+    "--unknown-capacity",
+    is_flag=True,
+    help="Its worker does not report capacity: unknown means open (counted and alerted).",
+)
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Replace the declared node groups of a cluster the fleet already has.",
+)
+@click.pass_context
+def create_cluster(
+    ctx: click.Context,
+    name: str,
+    node_groups: tuple[str, ...],
+    unknown_capacity: bool,
+    replace: bool,
+) -> None:
+    """Register the cluster NAME in the tenant's fleet (the cluster registry): stored
+    with the tenant's configuration, audited, taken by the scheduler at once, and
+    kept after a restart. Queues may then select it (`--cluster NAME`) and its
+    worker's capacity reports are taken. Start its worker with
+    `headway worker cluster --name NAME`."""
+    cfg = settings(ctx)
+    check_name(name, "NAME")
+    spec = cluster_spec(name, node_groups, unknown_capacity)
+
+    async def go(client: Client) -> None:
+        from headway.workflows import client as hw
+
+        await hw.ensure_scheduler(client, cfg.tenant)
+        fleet = await hw.get_fleet(client, cfg.tenant)
+        if name in fleet.get("clusters", []) and not replace:
+            raise click.ClickException(
+                f"cluster {name!r} is already in the fleet of tenant {cfg.tenant!r}; "
+                "give --replace to replace its node groups"
+            )
+        await hw.register_cluster(client, cfg.tenant, spec, by=hw.changed_by("cli"))
+
+    with_client(cfg, go)
+    nodes = sum(g["count"] for g in spec["node_groups"])
+    click.echo(f"cluster {name!r} registered ({nodes} node{'s' if nodes != 1 else ''})")

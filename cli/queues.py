@@ -25,6 +25,7 @@ from headway.scheduler.model import (
     QueueStatus,
     RetryPolicy,
 )
+from headway.scheduler.resources import Pod
 
 from ._common import Settings, check_name, no_tenant, settings, with_client
 from ._groups import create, delete, describe, drain, get, resume, update
@@ -783,7 +784,7 @@ def get_queue(ctx: click.Context, name: str, history: bool, last: int, output: s
     cfg = settings(ctx)
     check_name(name, "NAME")
     if history:
-        _show_history(cfg, "queue", name, last, output)
+        show_history(cfg, "queue", name, last, output)
         return
     stats, live = _fetch_queue(cfg, name)
     view = queue_view(name, stats, live)
@@ -1009,7 +1010,7 @@ def get_org(ctx: click.Context, history: bool, last: int, output: str) -> None:
     change of them, oldest first."""
     cfg = settings(ctx)
     if history:
-        _show_history(cfg, "org", "", last, output)
+        show_history(cfg, "org", "", last, output)
         return
     org = with_client(cfg, lambda c: _fetch_org(c, cfg.tenant))
     if org is None:
@@ -1072,8 +1073,9 @@ def _number(value: str, flag: str) -> float:
 # --- history --------------------------------------------------------------------------
 
 
-def _show_history(cfg: Settings, kind: str, name: str, limit: int, output: str) -> None:
-    """The audit trail of a queue (or of the org limits) from the control plane's store."""
+def show_history(cfg: Settings, kind: str, name: str, limit: int, output: str) -> None:
+    """The audit trail of a queue, a cluster or the org limits, from the control
+    plane's store."""
 
     async def go(client: Client) -> list[dict[str, Any]]:
         from headway.workflows import client as hw
@@ -1089,7 +1091,7 @@ def _show_history(cfg: Settings, kind: str, name: str, limit: int, output: str) 
     rows = with_client(cfg, go)
     if emit_structured(rows, output):
         return
-    what = f"queue {name!r}" if kind == "queue" else "the org limits"
+    what = f"{kind} {name!r}" if kind in ("queue", "cluster") else "the org limits"
     if not rows:
         click.echo(f"No recorded changes of {what} in tenant {cfg.tenant!r}.")
         return
@@ -1112,7 +1114,29 @@ def _human(kind: str, spec: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     if kind == "queue":
         return queue_to_entry(QueueSpec.from_dict(dict(spec)))
+    if kind == "cluster":
+        groups = [
+            f"{g['name']} x{g['count']} ({_shape(g['shape'])})"
+            for g in spec.get("node_groups") or []
+        ]
+        return {
+            "name": spec.get("name"),
+            "node_groups": "; ".join(groups) or "none",
+            "reports_capacity": spec.get("reports_capacity", True),
+        }
     return OrgLimits.from_dict(dict(spec)).to_dict()
+
+
+def _shape(shape: Mapping[str, Any]) -> str:
+    """A node shape (``Pod.to_dict()``) in Kubernetes units: ``cpu 96, memory 1Ti, gpu
+    H100:8``."""
+    p = Pod.from_dict(dict(shape))
+    parts = [f"cpu {fmt_cpu(p.cpu)}", f"memory {fmt_memory(p.memory)}"]
+    if p.gpu:
+        parts.append(f"gpu {fmt_gpu(p.gpu, p.gpu_type)}")
+    if p.eph:
+        parts.append(f"ephemeral {fmt_memory(p.eph)}")
+    return ", ".join(parts)
 
 
 def _diff_lines(kind: str, row: Mapping[str, Any]) -> list[str]:

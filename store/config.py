@@ -27,10 +27,12 @@ from sqlalchemy import Table, delete, select, update
 from .leases import LeaseStore
 from .models import AuditRow, ConfigRow, TenantRow
 
-__all__ = ["ORG", "QUEUE", "ConfigStore"]
+__all__ = ["CLUSTER", "ORG", "QUEUE", "ConfigStore"]
 
 QUEUE = "queue"
 ORG = "org"
+#: The tenant's fleet (the cluster registry): ``ClusterSpec.to_dict()`` per cluster.
+CLUSTER = "cluster"
 
 
 class ConfigStore:
@@ -48,13 +50,18 @@ class ConfigStore:
         org: Mapping[str, Any] | None,
         audit: Sequence[Mapping[str, Any]] = (),
         now: float | None = None,
+        clusters: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         """Replace the tenant's configuration with ``queues`` (by name) and ``org``, and
-        add the ``audit`` rows not written before (by token), in one transaction."""
+        ``clusters`` (by name) when given (None: the stored clusters stay as they are:
+        a scheduler run recorded before the registry sends none), and add the ``audit``
+        rows not written before (by token), in one transaction."""
         at = time.time() if now is None else now
         specs = {(QUEUE, n): json.dumps(dict(q), sort_keys=True) for n, q in queues.items()}
         if org is not None:
             specs[(ORG, "")] = json.dumps(dict(org), sort_keys=True)
+        for n, c in (clusters or {}).items():
+            specs[(CLUSTER, n)] = json.dumps(dict(c), sort_keys=True)
         table = cast(Table, ConfigRow.__table__)
         with self.store._tx() as conn:
             self.store._insert_ignore(conn, TenantRow, {"tenant": tenant, "created_at": at})
@@ -65,6 +72,8 @@ class ConfigStore:
                     select(ConfigRow.kind, ConfigRow.name, ConfigRow.spec).where(mine)
                 )
             }
+            if clusters is None:
+                have = {k: v for k, v in have.items() if k[0] != CLUSTER}
             for kind, name in sorted(set(have) - set(specs)):
                 conn.execute(
                     delete(ConfigRow).where(
@@ -133,7 +142,8 @@ class ConfigStore:
     # --- read ----------------------------------------------------------------------
 
     def load(self, tenant: str) -> dict[str, Any]:
-        """The tenant's configuration: ``{"queues": [spec, ...], "org": spec or None}``."""
+        """The tenant's configuration: ``{"queues": [spec, ...], "org": spec or None,
+        "clusters": [spec, ...]}``."""
         with self.store._tx() as conn:
             rows = conn.execute(
                 select(ConfigRow.kind, ConfigRow.name, ConfigRow.spec)
@@ -142,7 +152,8 @@ class ConfigStore:
             ).all()
         queues = [json.loads(r[2]) for r in rows if r[0] == QUEUE]
         org = next((json.loads(r[2]) for r in rows if r[0] == ORG), None)
-        return {"queues": queues, "org": org}
+        clusters = [json.loads(r[2]) for r in rows if r[0] == CLUSTER]
+        return {"queues": queues, "org": org, "clusters": clusters}
 
     def tenants(self) -> list[str]:
         """Every tenant that has configuration, by name."""

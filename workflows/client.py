@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import getpass
 import socket
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ __all__ = [
     "get_snapshot",
     "list_actions",
     "nudge_scheduler",
+    "register_cluster",
     "set_org",
     "submit",
     "submit_action",
@@ -510,6 +512,19 @@ async def remove_queue(
     return await _update(client, tenant, protocol.REMOVE_QUEUE_UPDATE, arg)
 
 
+async def register_cluster(
+    client: Client, tenant: str, spec: dict[str, Any], *, by: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Add a cluster to the tenant's fleet or replace its declared shape
+    (``ClusterSpec.to_dict()`` notation); stored and audited. Returns it as applied.
+
+    Raises:
+        temporalio.client.WorkflowUpdateFailedError: invalid spec (message names the field).
+    """
+    arg = {**spec, "by": dict(by or changed_by())}
+    return await _update(client, tenant, protocol.REGISTER_CLUSTER_UPDATE, arg)
+
+
 async def set_org(
     client: Client, tenant: str, org: dict[str, Any], *, by: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
@@ -572,11 +587,20 @@ async def get_queues(client: Client, tenant: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-async def get_fleet(client: Client, tenant: str) -> dict[str, Any]:
-    """Clusters the tenant's scheduler knows, with their last capacity reports."""
+async def get_fleet(client: Client, tenant: str, wait_s: float = 10.0) -> dict[str, Any]:
+    """Clusters the tenant's scheduler knows, with their last capacity reports.
+
+    A scheduler that has just started learns its fleet in its first tasks: its answer
+    is awaited (up to ``wait_s``) until it says the fleet is known, so a cluster name
+    is never judged against an empty fleet.
+    """
     h = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
-    out: dict[str, Any] = await h.query("fleet")
-    return out
+    deadline = time.monotonic() + wait_s
+    while True:
+        out: dict[str, Any] = await h.query("fleet")
+        if out.get("known", True) or time.monotonic() >= deadline:
+            return out
+        await asyncio.sleep(0.1)
 
 
 async def get_waiting_reasons(client: Client, tenant: str) -> dict[str, tuple[str, list[str]]]:

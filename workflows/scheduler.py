@@ -193,6 +193,10 @@ class SchedulerWorkflow:
         self._serial = workflow.patched("serial-inputs")
         # Syncs of its own accord (SAFETY_SYNC_BUSY_S); serial runs recorded before not.
         self._safety = self._serial and workflow.patched("safety-sync")
+        # The fleet is part of the stored configuration (the cluster registry: clusters
+        # registered live, and those of the worker's fleet file), reloaded by a fresh
+        # run; runs recorded before push only queues and org limits.
+        self._clusters_in_config = self._serial and workflow.patched("clusters-in-config")
         self._inbox: list[Callable[[], None]] = []
         # Configuration changes applied and not yet pushed to the store (one audit row
         # each), and how many this run has made (their tokens).
@@ -471,6 +475,36 @@ class SchedulerWorkflow:
                 f"drain it (`headway drain queue {name}`) and wait until it is empty"
             )
 
+    @workflow.update(name=protocol.REGISTER_CLUSTER_UPDATE)
+    async def register_cluster(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Add a cluster to the tenant's fleet, or replace the declared shape of a known
+        one (what runs there stays); returns the applied ``ClusterSpec.to_dict()``.
+
+        Stored with the configuration (the cluster registry) and audited; a queue's
+        selector may name it from then on. Its worker's capacity reports are taken from
+        then on too (a report of a cluster not in the fleet is ignored)."""
+        spec, by = _split_by(spec)
+        c = _parse_cluster(spec)
+
+        def register() -> None:
+            old = next((dict(f) for f in self._fleet if f.get("name") == c.name), None)
+            self._core.add_cluster(c)
+            new = c.to_dict()
+            self._fleet = [f for f in self._fleet if f.get("name") != c.name] + [new]
+            self._record("cluster", c.name, old, new, by)
+
+        await self._through_loop(register)
+        return c.to_dict()
+
+    @register_cluster.validator
+    def _validate_register_cluster(self, spec: dict[str, Any]) -> None:
+        if not self._clusters_in_config:
+            raise ValueError(
+                "this scheduler run predates the cluster registry; it takes clusters "
+                "after its next continue-as-new"
+            )
+        _parse_cluster(_split_by(spec)[0])
+
     @workflow.update(name=protocol.SET_ORG_UPDATE)
     async def set_org(self, org: dict[str, Any]) -> dict[str, Any]:
         """Replace the tenant's org-wide limits (``by``: as for ``upsert_queue``)."""
@@ -522,7 +556,20 @@ class SchedulerWorkflow:
         )
 
     def _load_config(self, stored: dict[str, Any]) -> None:
-        """Take the tenant's stored configuration (a fresh run): its queues, its org."""
+        """Take the tenant's stored configuration (a fresh run): its queues, its org, and
+        (``clusters-in-config``) the clusters registered beyond its fleet file (a
+        cluster the fleet file declares keeps the file's shape: the file is the
+        operator's declaration at start)."""
+        known = self._cluster_names()
+        for spec in stored.get("clusters") or [] if self._clusters_in_config else []:
+            try:
+                c = _parse_cluster(spec)
+            except ValueError as err:
+                workflow.logger.error("stored cluster %r left out: %s", spec, err)
+                continue
+            if c.name not in known:
+                self._core.add_cluster(c)
+                self._fleet.append(c.to_dict())
         for spec in stored.get("queues") or []:
             try:
                 q = _parse_queue(spec)
@@ -597,6 +644,11 @@ class SchedulerWorkflow:
             config={
                 "queues": {n: q.spec.to_dict() for n, q in sorted(self._core.queues.items())},
                 "org": self._core.org.to_dict(),
+                **(
+                    {"clusters": {str(c["name"]): dict(c) for c in self._fleet}}
+                    if self._clusters_in_config
+                    else {}
+                ),
             },
             audit=list(self._audit),
         )
@@ -685,6 +737,9 @@ class SchedulerWorkflow:
         return {
             "fleet": self._fleet,
             "clusters": sorted(self._cluster_names()),
+            # False while a fresh run still learns its fleet (from the worker, then the
+            # stored registry): an empty list then does not mean "no clusters".
+            "known": self._fleet_known and not self._config_pending,
             "capacity": self._loop.capacity,
             "down": sorted(self._loop.silent),
             # Admissions to a cluster that had reported no capacity, per cluster (the
@@ -1481,6 +1536,24 @@ def _parse_queue(spec: Any) -> QueueSpec:
         raise ValueError(f"queue {spec.get('name')!r}: {err}") from err
     check_limits(q)
     return q
+
+
+def _parse_cluster(spec: Any) -> ClusterSpec:
+    """A cluster in ``ClusterSpec.to_dict()`` notation (the CLI checks the fleet file's
+    notation before it sends one); errors name the field and value."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"cluster: {spec!r} is not a mapping")
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name: {name!r} is not a cluster name")
+    try:
+        c = ClusterSpec.from_dict(spec)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(f"cluster {name!r}: {err!r}") from err
+    for i, g in enumerate(c.node_groups):
+        if g.count < 0:
+            raise ValueError(f"node_groups[{i}].count: {g.count} must be >= 0")
+    return c
 
 
 def _parse_org(org: Any) -> OrgLimits:

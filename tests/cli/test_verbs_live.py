@@ -526,6 +526,87 @@ def test_configuration_is_reloaded_after_the_scheduler_is_terminated(stack: Stac
     assert code == 0 and "state=succeeded" in out, out
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        pytest.param(
+            ["--node-group", "name=a,count=-1,cpu=4"],
+            "--node-group: node_groups[0].count: -1 must be >= 0",
+            id="negative-count",
+        ),
+        pytest.param(
+            ["--node-group", "cpu=4"], "--node-group: 'cpu=4': name= is required", id="no-name"
+        ),
+        pytest.param(
+            ["--node-group", "name=a,count=1,cpu=lots"],
+            "node_groups[0].shape.cpu: 'lots'",
+            id="bad-quantity",
+        ),
+        pytest.param(
+            ["--node-group", "name=a,count=1,disk=4"], "is not KEY=VALUE with KEY one of", id="key"
+        ),
+    ],
+)
+def test_a_bad_cluster_registration_names_the_flag_and_value(
+    stack: Stack, flags: list[str], message: str
+) -> None:
+    code, out = hwt(stack, "create", "cluster", "bad-one", *flags)
+    assert code == 2 and message in out, out
+    assert "Traceback" not in out
+    # Nothing half-applied: the fleet has no such cluster.
+    assert "bad-one" not in hwt(stack, "get", "clusters", "-o", "json")[1]
+
+
+def test_a_registered_cluster_is_stored_audited_and_kept_after_a_restart(stack: Stack) -> None:
+    from headway import protocol
+    from temporalio.client import Client
+
+    code, out = hwt(
+        stack,
+        "create",
+        "cluster",
+        "extra-a",
+        "--node-group",
+        "name=big,count=2,cpu=4,memory=8Gi,gpu=H100:8",
+    )
+    assert (code, out.strip()) == (0, "cluster 'extra-a' registered (2 nodes)"), out
+    code, out = hwt(stack, "create", "cluster", "extra-a", "--node-group", "name=b,count=1")
+    assert code == 1 and "--replace" in out, out
+
+    def listed() -> dict[str, Any] | None:
+        views = {v["name"]: v for v in json.loads(hwt(stack, "get", "clusters", "-o", "json")[1])}
+        return views.get("extra-a")
+
+    v = eventually(listed, "the registered cluster in get clusters")
+    assert v["status"] == "NoReport" and v["nodes"] == 2
+    # A queue may select it without --allow-unknown-cluster.
+    code, out = hwt(stack, "create", "queue", "on-extra", "--cluster", "extra-a")
+    assert code == 0, out
+    code, out = hwt(
+        stack, "create", "cluster", "extra-a", "--replace", "--node-group", "name=big,count=3,cpu=4"
+    )
+    assert code == 0, out
+    code, out = hwt(stack, "describe", "cluster", "extra-a", "--history", "-o", "json")
+    assert code == 0, out
+    trail = json.loads(out)
+    assert [r["change"] for r in trail] == ["create", "update"]
+    assert trail[0]["source"] == "cli" and trail[1]["new"]["node_groups"][0]["count"] == 3
+    code, out = hwt(stack, "describe", "cluster", "extra-a", "--history")
+    assert code == 0 and "Changes of cluster 'extra-a'" in out and "big x3" in out, out
+
+    async def terminate() -> None:
+        client = await Client.connect(stack.address, data_converter=protocol.data_converter())
+        h = client.get_workflow_handle(protocol.scheduler_workflow_id(CFG_TENANT))
+        await h.terminate(reason="a lost scheduler (test)")
+
+    asyncio.run(terminate())
+    # A fresh scheduler reloads the registry from the store: the cluster, as replaced.
+    code, out = hwt(stack, "update", "queue", "on-extra", "--depth", "5")
+    assert code == 0, out
+    v = eventually(listed, "the registered cluster after a restart")
+    assert v["nodes"] == 3
+
+
 def test_the_default_queue_is_seeded_and_the_workers_say_they_are_ready(stack: Stack) -> None:
     rows = hw_json(stack, "get", "queue", "default", "--history")
     assert rows[0]["change"] == "create" and rows[0]["source"] == "fleet"

@@ -56,10 +56,27 @@ def test_save_replaces_the_configuration_and_load_reads_it_back(
     assert config.load(tenant) == {
         "queues": [{"name": "a"}, {"name": "b", "depth": 3}],
         "org": {"x": 1},
+        "clusters": [],
     }
     config.save(tenant, {"b": {"name": "b", "depth": 4}}, None)
-    assert config.load(tenant) == {"queues": [{"name": "b", "depth": 4}], "org": None}
+    assert config.load(tenant) == {
+        "queues": [{"name": "b", "depth": 4}],
+        "org": None,
+        "clusters": [],
+    }
     assert tenant in config.tenants()
+
+
+def test_the_cluster_registry_is_replaced_only_when_given(config: ConfigStore, tenant: str) -> None:
+    a, b = {"name": "a", "node_groups": []}, {"name": "b", "node_groups": []}
+    config.save(tenant, {}, None, clusters={"a": a, "b": b})
+    assert config.load(tenant)["clusters"] == [a, b]
+    # A scheduler run recorded before the registry sends no clusters: they stay.
+    config.save(tenant, {"q": {"name": "q"}}, None)
+    assert config.load(tenant)["clusters"] == [a, b]
+    config.save(tenant, {"q": {"name": "q"}}, None, clusters={"b": b})
+    assert config.load(tenant)["clusters"] == [b]
+    assert config.load(tenant)["queues"] == [{"name": "q"}]
 
 
 def test_an_audit_row_is_written_once_per_token(config: ConfigStore, tenant: str) -> None:

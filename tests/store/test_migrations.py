@@ -141,7 +141,11 @@ def test_a_sqlite_file_of_the_r0003_schema_upgrades_and_keeps_its_rows(tmp_path:
         assert s.lease_count("old") == 1 and s.pending_count("old", "q") == 1
         assert s.door("old")["q"]["depth"] == 10
         config = ConfigStore(s)
-        assert config.tenants() == [] and config.load("old") == {"queues": [], "org": None}
+        assert config.tenants() == [] and config.load("old") == {
+            "queues": [],
+            "org": None,
+            "clusters": [],
+        }
         config.save("old", {"q": {"name": "q", "depth": 10}}, None)
         assert config.tenants() == ["old"]
         assert config.load("old")["queues"] == [{"name": "q", "depth": 10}]
