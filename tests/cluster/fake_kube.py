@@ -86,6 +86,8 @@ class FakeKube(kmock.KubernetesEmulator):
     #: Every write request, as a line (time, verb, resource, namespace/name, outcome),
     #: for a test to keep beside its findings: who deleted what, and when.
     writes: list[str] = attrs.field(factory=list)
+    #: Every DELETE: (plural, namespace/name, its gracePeriodSeconds or None).
+    deletes: list[tuple[str, str, str | None]] = attrs.field(factory=list)
 
     # --- test controls --------------------------------------------------------------
 
@@ -212,6 +214,9 @@ class FakeKube(kmock.KubernetesEmulator):
             meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             name = meta.get("name")
             namespace = meta.get("namespace")
+        if res is not None and request.action == enums.action.DELETE:
+            grace = request.params.get("gracePeriodSeconds")
+            self.deletes.append((res.plural or "", f"{namespace}/{name}", grace))
         response = await super()._handle(request)
         if kind is not None and res is not None:
             peer = request.headers.get("User-Agent", "")
