@@ -306,6 +306,7 @@ def build_pods(
     *,
     dispatch: str = "",
     gpu_names: Mapping[str, str] | None = None,
+    constrain: bool = True,
 ) -> list[dict[str, Any]]:
     """The Pod manifests of one action (plain dicts, as sent to the API server).
 
@@ -314,7 +315,8 @@ def build_pods(
     ``gpu_node_label`` (its value through ``gpu_names``, short name -> label value).
     Every pod is constrained (required node affinity) to the nodes the admission chose
     (``node_hints``), so the in-cluster scheduler binds a gang where the admission
-    counted it whole, and a single cannot take a gang's room. Annotations carry the
+    counted it whole, and a single cannot take a gang's room (``constrain`` False: not,
+    for hints that name no node of the cluster). Annotations carry the
     action id, its workflow id and the ``dispatch`` creating the pod, verbatim; the
     action's own options (``req.kube``) add labels, annotations, env, volumes, ...
     An SDK task's container writes its outcome to its termination message.
@@ -323,7 +325,7 @@ def build_pods(
     svc = service_name(req.action_id) if needs_service(req) else None
     names_map = gpu_names or {}
     kube = req.kube
-    hints = sorted(set(req.node_hints))
+    hints = sorted(set(req.node_hints)) if constrain else []
     out: list[dict[str, Any]] = []
     for p in req.pods:
         name = pod_name(req.action_id, p.role, p.index)
@@ -991,7 +993,12 @@ class KubernetesBackend:
                     build_service(req, ns),
                 )
             bodies = build_pods(
-                req, ns, self.gpu_node_label, dispatch=dispatch, gpu_names=self.gpu_names
+                req,
+                ns,
+                self.gpu_node_label,
+                dispatch=dispatch,
+                gpu_names=self.gpu_names,
+                constrain=self._hints_known(req),
             )
             for spec, body in zip(req.pods, bodies, strict=True):
                 await self._create_pod(ns, body, spec, dispatch)
@@ -1003,6 +1010,20 @@ class KubernetesBackend:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._pods_synced.wait(), self.sync_timeout_s)
         return names
+
+    def _hints_known(self, req: DispatchRequest) -> bool:
+        """Whether the admission's node hints are nodes of this cluster: an admission
+        made while its capacity was unknown names the fleet file's placeholders (and a
+        node may have gone since), which no pod could ever be bound to."""
+        unknown = [n for n in req.node_hints if n not in self._nodes]
+        if unknown:
+            log.info(
+                "%s: the admission's nodes %s are not nodes of %s: pods not constrained",
+                req.action_id,
+                ", ".join(unknown),
+                self.name,
+            )
+        return not unknown
 
     async def _create_pod(
         self, ns: str, body: dict[str, Any], spec: PodSpec, dispatch: str
@@ -1086,7 +1107,12 @@ class KubernetesBackend:
                 ", ".join(missing),
             )
         bodies = build_pods(
-            req, ns, self.gpu_node_label, dispatch=dispatch, gpu_names=self.gpu_names
+            req,
+            ns,
+            self.gpu_node_label,
+            dispatch=dispatch,
+            gpu_names=self.gpu_names,
+            constrain=self._hints_known(req),
         )
         for spec, body in zip(req.pods, bodies, strict=True):
             if body["metadata"]["name"] in missing:

@@ -335,3 +335,28 @@ def test_a_result_larger_than_the_termination_message_is_a_clear_failure():
     text, code = _fit(failure, 1, 4096)
     assert code == 1 and len(text.encode()) <= 4096
     assert json.loads(text)["error"]["traceback"].endswith("ValueError: boom")
+
+
+@pytest.mark.parametrize(
+    ("hints", "constrained"),
+    [
+        pytest.param(["g1"], True, id="the-clusters-own-node-constrains"),
+        pytest.param(["gpu-0"], False, id="a-fleet-placeholder-from-unknown-capacity-does-not"),
+    ],
+)
+async def test_pods_are_constrained_only_to_nodes_the_cluster_has(
+    kube, api_client, hints, constrained
+):
+    await _node(kube, "g1", "NVIDIA-H100-80GB-HBM3")
+    b = await _backend(api_client)
+    try:
+        async with asyncio.timeout(10):
+            while (await b.capacity()).nodes is None:
+                await asyncio.sleep(0.05)
+        req = request("hinted")
+        req.node_hints = hints
+        await b.create_pods(req)
+        (pod,) = kube.live("pods")
+        assert ("affinity" in pod["spec"]) is constrained
+    finally:
+        await b.close()
