@@ -20,13 +20,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import os
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import attrs
 import kmock
 from kmock._internal import enums, rendering
+
+#: Where ``headway.sdk.run`` writes its outcome (the termination-message path in a pod).
+_OUTPUT_ENV = "HEADWAY_OUTPUT_FILE"
 
 _WRITE = {
     enums.action.CREATE: "ADDED",
@@ -341,6 +347,80 @@ class FakeKube(kmock.KubernetesEmulator):
             self.bind_pending()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
+
+    async def run_kubelet(self, stop: asyncio.Event, workdir: Path) -> None:
+        """kube-scheduler and a kubelet until ``stop``: pending pods are bound
+        (:meth:`bind_pending`), and a bound pod whose container runs an SDK task
+        (``python -m headway.sdk.run ...``) is run for real, as a local process with the
+        container's environment; its termination-message file (a file under ``workdir``
+        standing in for ``terminationMessagePath``) becomes the container's message, cut
+        at 4096 bytes as a kubelet does, and its exit code the pod's phase. Other pods
+        stay Running until the test ends them."""
+        started: set[str] = set()
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set():
+                self.bind_pending()
+                for pod in self.live("pods"):
+                    name = (pod.get("metadata") or {}).get("name", "")
+                    (container, *_) = (pod.get("spec") or {}).get("containers") or [{}]
+                    command = container.get("command") or []
+                    if (
+                        name in started
+                        or not (pod.get("spec") or {}).get("nodeName")
+                        or command[1:3] != ["-m", "headway.sdk.run"]
+                    ):
+                        continue
+                    started.add(name)
+                    task = asyncio.create_task(self._run_container(pod, container, workdir))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.05)
+        finally:
+            for task in list(running):
+                task.cancel()
+
+    async def _run_container(
+        self, pod: dict[str, Any], container: dict[str, Any], workdir: Path
+    ) -> None:
+        meta = pod["metadata"]
+        message_file = workdir / f"{meta['name']}.termination-log"
+        env = {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}
+        if container.get("terminationMessagePath"):
+            env[_OUTPUT_ENV] = str(message_file)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *container["command"][1:],
+            *(container.get("args") or []),
+            env={**os.environ, **env},
+            cwd=workdir,
+        )
+        code = await proc.wait()
+        message = message_file.read_text()[:4096] if message_file.exists() else ""
+        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+        if message:
+            terminated["message"] = message
+        self.modify(
+            "pods",
+            meta.get("namespace"),
+            meta["name"],
+            {
+                "status": {
+                    "phase": "Succeeded" if code == 0 else "Failed",
+                    "containerStatuses": [
+                        {
+                            "name": "main",
+                            "image": container.get("image", ""),
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"terminated": terminated},
+                        }
+                    ],
+                }
+            },
+        )
 
     def live(self, plural: str) -> list[dict[str, Any]]:
         """Current objects of a resource (raw dicts)."""
