@@ -80,6 +80,7 @@ from .base import (
     pod_name,
     sanitize_dns1123,
 )
+from .sim_task import is_task_command
 
 __all__ = [
     "DEFAULT_GPU_NODE_LABEL",
@@ -217,10 +218,6 @@ def gpu_short_name(label_value: str | None, gpu_names: Mapping[str, str]) -> str
     return label_value
 
 
-def _is_task_pod(p: PodSpec) -> bool:
-    return len(p.command) >= 3 and p.command[1] == "-m" and p.command[2] == "headway.sdk.run"
-
-
 def _apply_options(
     pod: dict[str, Any], container: dict[str, Any], kube: KubeOptions | None
 ) -> None:
@@ -333,7 +330,7 @@ def build_pods(
         env.update(
             {"HEADWAY_ACTION_ID": req.action_id, "HEADWAY_TENANT": req.tenant, "HEADWAY_POD": name}
         )
-        task_pod = _is_task_pod(p)
+        task_pod = is_task_command(p.command)
         if task_pod:
             env["HEADWAY_OUTPUT_FILE"] = TERMINATION_LOG
             env["HEADWAY_OUTPUT_MAX_BYTES"] = str(TERMINATION_MESSAGE_MAX)
