@@ -147,8 +147,9 @@ class Volume:
 @dataclass
 class KubeOptions:
     """What a Kubernetes user sets per action beyond resources, image and command
-    (issue #22). Every field is optional; the sim backend ignores them but ``env``.
-    ``shm_size`` is bytes of memory-backed ``/dev/shm``."""
+    (issue #22). Every field is optional; the simulated backend ignores them.
+    ``shm_size`` is bytes of memory-backed ``/dev/shm``. Checked by
+    ``headway.sdk.kube.kube_options`` (the CLI's flags and the SDK's arguments)."""
 
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
