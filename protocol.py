@@ -112,6 +112,58 @@ class PodSpec:
     env: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class Toleration:
+    """A pod toleration: ``key`` (empty with ``Exists``: every taint), ``operator``
+    ``Exists`` or ``Equal`` (with ``value``), ``effect`` (empty: every effect)."""
+
+    key: str = ""
+    operator: str = "Exists"
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass
+class SecretEnv:
+    """Environment from a Secret: its one ``key`` as the variable of that name, or every
+    key of it when ``key`` is None (``envFrom``)."""
+
+    secret: str
+    key: str | None = None
+
+
+@dataclass
+class Volume:
+    """A volume mounted into the pod's container: ``kind`` one of ``pvc`` (a
+    PersistentVolumeClaim), ``configmap``, ``secret`` (``source`` names it) or
+    ``emptydir`` (``source`` empty)."""
+
+    kind: str
+    source: str
+    mount_path: str
+    read_only: bool = False
+
+
+@dataclass
+class KubeOptions:
+    """What a Kubernetes user sets per action beyond resources, image and command
+    (issue #22). Every field is optional; the simulated backend ignores them.
+    ``shm_size`` is bytes of memory-backed ``/dev/shm``. Checked by
+    ``headway.sdk.kube.kube_options`` (the CLI's flags and the SDK's arguments)."""
+
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    env_from_secrets: list[SecretEnv] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    tolerations: list[Toleration] = field(default_factory=list)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    priority_class: str | None = None
+    service_account: str | None = None
+    volumes: list[Volume] = field(default_factory=list)
+    shm_size: int | None = None
+
+
 class GangKind(StrEnum):
     """How the pods of one action relate to each other."""
 
@@ -136,9 +188,14 @@ class DispatchRequest:
     # "oom", "preempt", "node-lost", "image-pull", "fail".
     inject: str | None = None
     namespace: str = "default"
-    # node index per pod chosen by the scheduler's best-fit projection (advisory: the
-    # in-cluster scheduler still binds pods).
+    # The nodes the scheduler's best-fit projection chose for the pods: on Kubernetes
+    # the pods are constrained to them (required node affinity), so the in-cluster
+    # scheduler binds a gang where the admission counted it.
     node_hints: list[str] = field(default_factory=list)
+    #: The action's queue: a cluster worker may map it to a pod namespace.
+    queue: str = ""
+    #: Per-action Kubernetes options (None: none given).
+    kube: KubeOptions | None = None
 
 
 class ActionEventKind(StrEnum):
@@ -149,7 +206,10 @@ class ActionEventKind(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     OOM_KILLED = "OOMKilled"
-    PREEMPTED = "Preempted"  # evicted or DisruptionTarget
+    PREEMPTED = "Preempted"  # pushed out for a higher-priority pod
+    #: Evicted by the kubelet (node pressure) or the eviction API (a drain): the work was
+    #: lost through no fault of its own, retried as ``lost`` like a preemption.
+    EVICTED = "Evicted"
     NODE_LOST = "NodeLost"
     #: A pod an earlier attempt created is gone (deleted while no worker watched): the
     #: work is reported lost, never created again (exactly once on the cluster).
@@ -168,6 +228,7 @@ TERMINAL_EVENTS = frozenset(
         ActionEventKind.FAILED,
         ActionEventKind.OOM_KILLED,
         ActionEventKind.PREEMPTED,
+        ActionEventKind.EVICTED,
         ActionEventKind.NODE_LOST,
         ActionEventKind.POD_LOST,
         ActionEventKind.IMAGE_PULL_FAILED,
@@ -330,6 +391,8 @@ class SubmitRequest:
     duration_s: float | None = None  # simulated backend: how long it runs
     inject: str | None = None  # simulated backend fault injection
     labels: dict[str, str] = field(default_factory=dict)
+    #: Per-action Kubernetes options (pod labels, env, volumes, ...); None: none given.
+    kube: KubeOptions | None = None
     #: Which code path the workflow takes (``ACTION_REVISION``; 0 = recorded before
     #: revisions existed). Part of the input, so replay always takes the same path.
     revision: int = 0

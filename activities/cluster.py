@@ -498,6 +498,11 @@ class ClusterActivities:
             activity.heartbeat(tracker.details())
             await asyncio.sleep(self.heartbeat_s)
 
+    def _namespace(self, req: DispatchRequest) -> str:
+        """Where the action's pods are: a backend that maps queues to namespaces says."""
+        namespace_of = getattr(self.backend, "namespace_of", None)
+        return str(namespace_of(req)) if namespace_of is not None else req.namespace
+
     async def _delete(self, req: DispatchRequest, why: str, *, raise_last: bool) -> int:
         """Delete the action's pods, retrying with capped exponential backoff.
 
@@ -508,7 +513,7 @@ class ClusterActivities:
         delay, cap = self.delete_backoff_s
         for attempt in range(1, self.delete_attempts + 1):
             try:
-                return await self.backend.delete_pods(req.action_id, req.namespace)
+                return await self.backend.delete_pods(req.action_id, self._namespace(req))
             except Exception as exc:
                 last = attempt == self.delete_attempts
                 log.warning(

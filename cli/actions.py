@@ -57,7 +57,15 @@ _ROLES = {
 #: After this long, ``cancel`` says what it is waiting for.
 PATIENCE_S = 3.0
 #: Informer event kinds after which a pod is gone (``protocol.TERMINAL_EVENTS``).
-_TERMINAL = ("Succeeded", "Failed", "OOMKilled", "Preempted", "NodeLost", "ImagePullFailed")
+_TERMINAL = (
+    "Succeeded",
+    "Failed",
+    "OOMKilled",
+    "Preempted",
+    "Evicted",
+    "NodeLost",
+    "ImagePullFailed",
+)
 
 
 def _not_found(cfg: Settings, action_id: str) -> click.ClickException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from headway.sdk.client import (
     rejection,
 )
 from headway.sdk.client import Client as HeadwayClient
+from headway.sdk.kube import CLI_NAMES, kube_options
 
 from ._common import check_id, check_name, settings, ui_url, with_client
 from ._output import emit_structured, human_details, output_option, wall_times
@@ -75,6 +77,46 @@ def _succeeded(result: Any) -> bool:
 )
 @click.option("--image", default="busybox", show_default=True, help="Container image.")
 @click.option(
+    "--command",
+    "command",
+    default=None,
+    help="The container's command (its entrypoint), split like a shell would; the "
+    "arguments after `--` are its args: --command python -- train.py --lr 3e-4.",
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--env", "env", multiple=True, help="NAME=VALUE in the container (repeat).")
+@click.option(
+    "--env-from-secret",
+    "env_from_secrets",
+    multiple=True,
+    help="SECRET: every key of the Secret as a variable; SECRET:KEY: the variable KEY "
+    "from that key (repeat).",
+)
+@click.option("--label", "labels", multiple=True, help="Pod label KEY=VALUE (repeat).")
+@click.option(
+    "--annotation", "annotations", multiple=True, help="Pod annotation KEY=VALUE (repeat)."
+)
+@click.option(
+    "--toleration",
+    "tolerations",
+    multiple=True,
+    help="KEY[=VALUE][:EFFECT], e.g. nvidia.com/gpu:NoSchedule; '*' tolerates every "
+    "taint (repeat).",
+)
+@click.option(
+    "--node-selector", "node_selector", multiple=True, help="Node label KEY=VALUE (repeat)."
+)
+@click.option("--priority-class", default=None, help="The pods' PriorityClass.")
+@click.option("--service-account", default=None, help="The pods' ServiceAccount.")
+@click.option(
+    "--volume",
+    "volumes",
+    multiple=True,
+    help="pvc:CLAIM:/path[:ro], configmap:NAME:/path, secret:NAME:/path or "
+    "emptydir:/path (repeat).",
+)
+@click.option("--shm-size", default=None, help="Memory-backed /dev/shm of this size, e.g. 8Gi.")
+@click.option(
     "--inject",
     default=None,
     type=click.Choice(["oom", "preempt", "node-lost", "image-pull", "fail"]),
@@ -101,6 +143,18 @@ def submit(
     action_id: str | None,
     count: int,
     image: str,
+    command: str | None,
+    args: tuple[str, ...],
+    env: tuple[str, ...],
+    env_from_secrets: tuple[str, ...],
+    labels: tuple[str, ...],
+    annotations: tuple[str, ...],
+    tolerations: tuple[str, ...],
+    node_selector: tuple[str, ...],
+    priority_class: str | None,
+    service_account: str | None,
+    volumes: tuple[str, ...],
+    shm_size: str | None,
     inject: str | None,
     tenant: str | None,
     wait: bool,
@@ -142,8 +196,32 @@ def submit(
         resources = Resources(cpu=cpu, memory=memory, gpu=gpu, ephemeral_storage=ephemeral_storage)
     except ValueError as exc:
         raise click.BadParameter(f"--{str(exc).replace('_', '-')}") from None
+    try:
+        kube = kube_options(
+            args=args,
+            env=env,
+            env_from_secrets=env_from_secrets,
+            labels=labels,
+            annotations=annotations,
+            tolerations=tolerations,
+            node_selector=node_selector,
+            priority_class=priority_class,
+            service_account=service_account,
+            volumes=volumes,
+            shm_size=shm_size,
+            names=CLI_NAMES,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     spec = Task(
-        task, resources, replicas=replicas, duration=duration, estimate=estimate, image=image
+        task,
+        resources,
+        replicas=replicas,
+        duration=duration,
+        estimate=estimate,
+        image=image,
+        command=_command(command),
+        kube=kube,
     )
     ids = [action_id] if count == 1 else [f"{action_id or task}-{i}" for i in range(count)]
 
@@ -209,6 +287,19 @@ def submit(
         )
     if not ok:
         raise click.ClickException("an action did not succeed")
+
+
+def _command(text: str | None) -> tuple[str, ...]:
+    """``--command`` as the container's command (shell-like splitting)."""
+    if text is None:
+        return ()
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise click.UsageError(f"--command: {text!r} cannot be split ({exc})") from None
+    if not words:
+        raise click.UsageError(f"--command: {text!r} is empty")
+    return tuple(words)
 
 
 def _report(action: Action, queue: str, *, as_json: bool, waiting: bool) -> None:

@@ -216,6 +216,17 @@ def control_plane(
     help="kubernetes backend: namespace the pods run in. [default: the backend's]",
 )
 @click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    envvar="HEADWAY_CLUSTER_CONFIG",
+    default=None,
+    help="kubernetes backend: the cluster's configuration file (YAML: namespace, "
+    "queue_namespaces, gpu_node_label, gpu_names, delete_grace_seconds, "
+    "image_pull_grace_seconds; see headway.worker.kube_config). [env "
+    "HEADWAY_CLUSTER_CONFIG]",
+)
+@click.option(
     "--time-scale",
     type=float,
     default=None,
@@ -250,6 +261,7 @@ def cluster(
     kubeconfig: str | None,
     kube_context: str | None,
     pod_namespace: str | None,
+    config_path: str | None,
     time_scale: float | None,
     state_dir: str | None,
     serve_tenants: tuple[str, ...],
@@ -269,11 +281,14 @@ def cluster(
         "kubeconfig": kubeconfig,
         "context": kube_context,
         "namespace": pod_namespace,
+        "config": config_path,
         "time_scale": time_scale,
         "state_dir": state_dir,
     }
     allowed = (
-        {"time_scale", "state_dir"} if backend == "sim" else {"kubeconfig", "context", "namespace"}
+        {"time_scale", "state_dir"}
+        if backend == "sim"
+        else {"kubeconfig", "context", "namespace", "config"}
     )
     misplaced = [k for k, v in given.items() if v is not None and k not in allowed]
     if misplaced:
@@ -281,13 +296,22 @@ def cluster(
             "kubeconfig": "--kubeconfig",
             "context": "--context",
             "namespace": "--pod-namespace",
+            "config": "--config",
             "time_scale": "--time-scale",
             "state_dir": "--state-dir",
         }
         raise click.BadParameter(
             f"{', '.join(flags[k] for k in misplaced)} does not apply to --backend {backend}"
         )
-    opts = {k: v for k, v in given.items() if v is not None}
+    opts = {k: v for k, v in given.items() if v is not None and k != "config"}
+    if config_path is not None:
+        from headway.worker.kube_config import load_kube_config
+
+        try:
+            # The flags win over the file (--pod-namespace over its namespace).
+            opts = {**load_kube_config(config_path), **opts}
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
 
     try:
         # A state file that cannot be read back is refused before connecting anywhere.

@@ -21,6 +21,7 @@ from .client import (
     Task,
     UnknownQueue,
 )
+from .kube import kube_options
 from .tasks import (
     ClusteredTaskEnvironment,
     HeadwayError,
@@ -65,6 +66,7 @@ __all__ = [
     "TorchRun",
     "UnknownQueue",
     "init",
+    "kube_options",
     "map",
     "with_runcontext",
 ]

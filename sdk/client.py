@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from headway import protocol
-from headway.protocol import DemandRequest, SubmitRequest
+from headway.protocol import DemandRequest, KubeOptions, SubmitRequest
 from headway.scheduler.resources import parse_cpu, parse_gpu, parse_memory
 
 if TYPE_CHECKING:
@@ -246,6 +246,9 @@ class Task:
     image: str = "busybox"
     command: tuple[str, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: Kubernetes options of its pods (args, env, labels, volumes, ...): build them with
+    #: ``headway.sdk.kube_options(...)``, which checks every value.
+    kube: KubeOptions | None = None
 
     def __post_init__(self) -> None:
         if self.replicas is not None and self.replicas < 1:
@@ -407,6 +410,7 @@ class Client:
             duration_s=task.duration,
             inject=inject,
             labels=dict(task.labels),
+            kube=task.kube,
         )
 
     async def submit(

@@ -28,8 +28,11 @@ __all__ = ["main"]
 
 #: Most of a traceback kept in the outcome document.
 MAX_TRACEBACK = 8000
-#: The largest outcome document (Temporal carries it in the action's result).
+#: The largest outcome document (Temporal carries it in the action's result). A pod
+#: says less in ``HEADWAY_OUTPUT_MAX_BYTES``: on Kubernetes the document is the
+#: container's termination message, which the kubelet cuts at 4096 bytes.
 MAX_OUTPUT_BYTES = 512 * 1024
+LIMIT_ENV = "HEADWAY_OUTPUT_MAX_BYTES"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -92,23 +95,50 @@ def main(argv: list[str] | None = None) -> int:
             }
             code = 1
             traceback.print_exc()
-    text = json.dumps(doc, separators=(",", ":"))
-    if len(text.encode()) > MAX_OUTPUT_BYTES:
-        doc = {
-            "ok": False,
-            "error": {
-                "type": "SerializationError",
-                "message": f"the result is {len(text.encode())} bytes of JSON, more than"
-                f" {MAX_OUTPUT_BYTES} (return a reference, e.g. a URL, instead of the data)",
-                "traceback": "",
-            },
-        }
-        text, code = json.dumps(doc), 1
+    text, code = _fit(doc, code, _limit())
     path = os.environ.get("HEADWAY_OUTPUT_FILE") or "/dev/termination-log"
     with open(path, "w") as fh:
         fh.write(text)
     sys.stdout.flush()
     return code
+
+
+def _limit() -> int:
+    try:
+        given = int(os.environ.get(LIMIT_ENV) or MAX_OUTPUT_BYTES)
+    except ValueError:
+        return MAX_OUTPUT_BYTES
+    return max(256, min(given, MAX_OUTPUT_BYTES))
+
+
+def _fit(doc: dict[str, Any], code: int, limit: int) -> tuple[str, int]:
+    """The outcome document within ``limit`` bytes: a failure keeps the end of its
+    traceback that fits; a result too large becomes a clear failure naming its size."""
+    text = json.dumps(doc, separators=(",", ":"))
+    size = len(text.encode())
+    if size <= limit:
+        return text, code
+    if not doc.get("ok"):
+        err = dict(doc["error"])
+        err["message"] = str(err.get("message", ""))[: limit // 4]
+        tb = str(err.get("traceback", ""))
+        while True:
+            err["traceback"] = tb
+            text = json.dumps({"ok": False, "error": err}, separators=(",", ":"))
+            if len(text.encode()) <= limit or not tb:
+                return text, code
+            tb = tb[max(len(tb) // 4, 1) :]  # keep the end: where it raised
+    where = " (the container's termination message)" if limit < MAX_OUTPUT_BYTES else ""
+    failure = {
+        "ok": False,
+        "error": {
+            "type": "SerializationError",
+            "message": f"the result is {size} bytes of JSON, more than the {limit} this pod"
+            f" can return{where}: return a reference, e.g. a URL, instead of the data",
+            "traceback": "",
+        },
+    }
+    return json.dumps(failure, separators=(",", ":")), 1
 
 
 if __name__ == "__main__":

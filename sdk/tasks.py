@@ -52,7 +52,7 @@ from typing import (
 )
 from urllib.parse import quote
 
-from headway.protocol import DemandRequest, SubmitRequest
+from headway.protocol import DemandRequest, SubmitRequest, Toleration, Volume
 
 from ._engine import ENGINE, LONG_POLL_S, Connection
 from .client import (
@@ -62,6 +62,7 @@ from .client import (
     SubmissionRejected,
     rejection,
 )
+from .kube import kube_options
 
 if TYPE_CHECKING:
     from headway.workflows.action import ActionResult
@@ -211,6 +212,18 @@ class TaskEnvironment:
         image: The pods' image (Kubernetes; it holds Headway and the code).
         env_vars: Extra environment of the task's process.
         queue: The queue its tasks go to when neither the call nor the run names one.
+        secrets: Environment from Secrets on Kubernetes: ``"SECRET"`` (every key) or
+            ``"SECRET:KEY"`` (the variable ``KEY``).
+        labels, annotations: The pods' own (``{"team": "nlp"}``).
+        tolerations: ``"KEY[=VALUE][:EFFECT]"`` strings (``"nvidia.com/gpu:NoSchedule"``)
+            or ``headway.protocol.Toleration``.
+        node_selector: Node labels the pods require.
+        priority_class, service_account: The pods' PriorityClass and ServiceAccount.
+        volumes: ``"pvc:CLAIM:/path[:ro]"``, ``"configmap:NAME:/path"``,
+            ``"secret:NAME:/path"``, ``"emptydir:/path"``.
+        shm_size: A memory-backed ``/dev/shm`` of that size (``"8Gi"``).
+
+    Every value is checked here (ValueError naming the argument and the value).
     """
 
     def __init__(
@@ -221,6 +234,15 @@ class TaskEnvironment:
         image: str = DEFAULT_IMAGE,
         env_vars: Mapping[str, str] | None = None,
         queue: str | None = None,
+        secrets: Iterable[str] | str | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        tolerations: Iterable[str | Toleration] | str | None = None,
+        node_selector: Mapping[str, str] | None = None,
+        priority_class: str | None = None,
+        service_account: str | None = None,
+        volumes: Iterable[str | Volume] | str | None = None,
+        shm_size: str | int | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name: {name!r} must be a non-empty string")
@@ -232,6 +254,18 @@ class TaskEnvironment:
         self.image = image
         self.env_vars = dict(env_vars or {})
         self.queue = queue
+        #: The pods' Kubernetes options (None: none given).
+        self.kube = kube_options(
+            env_from_secrets=secrets,
+            labels=labels,
+            annotations=annotations,
+            tolerations=tolerations,
+            node_selector=node_selector,
+            priority_class=priority_class,
+            service_account=service_account,
+            volumes=volumes,
+            shm_size=shm_size,
+        )
 
     def demand(self) -> DemandRequest:
         """The demand of one action of this environment (the core computes the pods)."""
@@ -290,6 +324,7 @@ class ClusteredTaskEnvironment(TaskEnvironment):
         image: str = DEFAULT_IMAGE,
         env_vars: Mapping[str, str] | None = None,
         queue: str | None = None,
+        **kube: Any,
     ) -> None:
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas: {replicas!r} must be a whole number, at least 1")
@@ -297,7 +332,7 @@ class ClusteredTaskEnvironment(TaskEnvironment):
             raise ValueError(f"nproc_per_node: {nproc_per_node!r} must be a whole number")
         if nproc_per_node < 1:
             raise ValueError(f"nproc_per_node: {nproc_per_node!r} must be at least 1")
-        super().__init__(name, resources, image=image, env_vars=env_vars, queue=queue)
+        super().__init__(name, resources, image=image, env_vars=env_vars, queue=queue, **kube)
         self.replicas = replicas
         self.nproc_per_node = nproc_per_node
         self.runtime = runtime or TorchRun()
@@ -322,8 +357,9 @@ class RayEnvironment(TaskEnvironment):
         image: str = DEFAULT_IMAGE,
         env_vars: Mapping[str, str] | None = None,
         queue: str | None = None,
+        **kube: Any,
     ) -> None:
-        super().__init__(name, head, image=image, env_vars=env_vars, queue=queue)
+        super().__init__(name, head, image=image, env_vars=env_vars, queue=queue, **kube)
         self.worker_groups = [(int(n), r) for n, r in worker_groups]
         for i, (n, r) in enumerate(self.worker_groups):
             if n < 0 or not isinstance(r, Resources):
@@ -356,12 +392,13 @@ class SparkEnvironment(TaskEnvironment):
         image: str = DEFAULT_IMAGE,
         env_vars: Mapping[str, str] | None = None,
         queue: str | None = None,
+        **kube: Any,
     ) -> None:
         if isinstance(executors, bool) or not isinstance(executors, int) or executors < 0:
             raise ValueError(f"executors: {executors!r} must be a whole number, at least 0")
         if not isinstance(executor, Resources):
             raise TypeError(f"executor: {executor!r} is not a headway.Resources")
-        super().__init__(name, driver, image=image, env_vars=env_vars, queue=queue)
+        super().__init__(name, driver, image=image, env_vars=env_vars, queue=queue, **kube)
         self.executor = executor
         self.executors = executors
 
@@ -723,6 +760,7 @@ class Run:
             image=task.env.image,
             command=command,
             labels={"headway.io/parent": parent} if parent else {},
+            kube=task.env.kube,
         )
         client = await ENGINE.client(conn)
         from headway.workflows import client as hw

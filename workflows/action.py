@@ -655,6 +655,9 @@ class ActionWorkflow:
             duration_s=req.duration_s,
             inject=req.inject,
             node_hints=list(admission.node_hints),
+            # (New activity-input fields: replay does not compare activity inputs.)
+            queue=req.queue,
+            kube=req.kube,
         )
         try:
             if admission.ready_timeout is not None and self._attempt:

@@ -42,7 +42,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,7 @@ from headway.protocol import (
     CapacityReport,
     DispatchRequest,
     GangKind,
+    KubeOptions,
     NodeCapacity,
     PodSpec,
     action_workflow_id,
@@ -79,6 +80,7 @@ from .base import (
     pod_name,
     sanitize_dns1123,
 )
+from .sim_task import is_task_command
 
 __all__ = [
     "DEFAULT_GPU_NODE_LABEL",
@@ -101,6 +103,11 @@ SPARK_DRIVER_PORT = 7078
 
 _K = ActionEventKind
 _IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+#: Image-pull states that never resolve by waiting: failed at once.
+_IMAGE_PULL_FATAL = frozenset({"InvalidImageName"})
+# DisruptionTarget reasons of an eviction (the kubelet under node pressure, the eviction
+# API in a drain), as opposed to a preemption for a higher-priority pod.
+_EVICTION_REASONS = frozenset({"EvictionByEvictionAPI", "TerminationByKubelet"})
 # DisruptionTarget reasons that mean the node went away rather than the pod being pushed
 # out for someone else.
 _NODE_GONE_REASONS = frozenset({"DeletionByPodGC", "DeletionByTaintManager"})
@@ -184,29 +191,149 @@ def needs_service(req: DispatchRequest) -> bool:
 GANG_GATE = "headway.io/gang-complete"
 
 
+#: Where an SDK task's pod writes its outcome document: the container's termination
+#: message, which the kubelet keeps in the pod's status for the backend to read.
+TERMINATION_LOG = "/dev/termination-log"
+#: The kubelet keeps at most this much of a container's termination message.
+TERMINATION_MESSAGE_MAX = 4096
+#: Node field the pods' required node affinity names (exact, unlike a hostname label).
+_NODE_NAME_FIELD = "metadata.name"
+
+
+def gpu_label_value(gpu_type: str, gpu_names: Mapping[str, str]) -> str:
+    """The node-label value a pod asking for ``gpu_type`` must find (``H100`` ->
+    ``NVIDIA-H100-80GB-HBM3`` by the worker's GPU name map; unmapped: itself)."""
+    return gpu_names.get(gpu_type, gpu_type)
+
+
+def gpu_short_name(label_value: str | None, gpu_names: Mapping[str, str]) -> str | None:
+    """The GPU type a node reports under: the short name whose map value is the node's
+    label value (``NVIDIA-H100-80GB-HBM3`` -> ``H100``), else the label value itself, so
+    the scheduler's ``H100:8`` matches. Call it wherever node capacity is read."""
+    if label_value is None:
+        return None
+    for short, value in gpu_names.items():
+        if value == label_value:
+            return short
+    return label_value
+
+
+def _apply_options(
+    pod: dict[str, Any], container: dict[str, Any], kube: KubeOptions | None
+) -> None:
+    """The action's own Kubernetes options onto its pod (Headway's labels and
+    annotations win: the submit validation refuses its ``headway.io/`` keys anyway)."""
+    if kube is None:
+        return
+    meta, spec = pod["metadata"], pod["spec"]
+    meta["labels"] = {**kube.labels, **meta["labels"]}
+    meta["annotations"] = {**kube.annotations, **meta["annotations"]}
+    if kube.args:
+        container["args"] = list(kube.args)
+    env: list[dict[str, Any]] = container["env"]
+    named = {e["name"] for e in env}
+    for ref in kube.env_from_secrets:
+        if ref.key is None:
+            container.setdefault("envFrom", []).append({"secretRef": {"name": ref.secret}})
+        elif ref.key not in named:
+            env.append(
+                {
+                    "name": ref.key,
+                    "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}},
+                }
+            )
+    if kube.tolerations:
+        spec["tolerations"] = [
+            {
+                k: v
+                for k, v in (
+                    ("key", t.key),
+                    ("operator", t.operator),
+                    ("value", t.value),
+                    ("effect", t.effect),
+                )
+                if v
+            }
+            for t in kube.tolerations
+        ]
+    if kube.node_selector:
+        spec["nodeSelector"] = {**kube.node_selector, **spec.get("nodeSelector", {})}
+    if kube.priority_class:
+        spec["priorityClassName"] = kube.priority_class
+    if kube.service_account:
+        spec["serviceAccountName"] = kube.service_account
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for i, v in enumerate(kube.volumes):
+        name = f"vol-{i}"
+        sources: dict[str, dict[str, Any]] = {
+            "pvc": {"persistentVolumeClaim": {"claimName": v.source, "readOnly": v.read_only}},
+            "configmap": {"configMap": {"name": v.source}},
+            "secret": {"secret": {"secretName": v.source}},
+            "emptydir": {"emptyDir": {}},
+        }
+        source = sources[v.kind]
+        volumes.append({"name": name, **source})
+        mounts.append({"name": name, "mountPath": v.mount_path, "readOnly": v.read_only})
+    if kube.shm_size:
+        # Memory-backed, so it counts against the pod's memory limit, as on any pod.
+        volumes.append(
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(kube.shm_size)}}
+        )
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if volumes:
+        spec["volumes"] = volumes
+        container["volumeMounts"] = mounts
+
+
+def _node_affinity(nodes: Sequence[str]) -> dict[str, Any]:
+    """Required node affinity to exactly ``nodes`` (by name)."""
+    term = {"matchFields": [{"key": _NODE_NAME_FIELD, "operator": "In", "values": list(nodes)}]}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+        }
+    }
+
+
 def build_pods(
     req: DispatchRequest,
     namespace: str,
     gpu_node_label: str = DEFAULT_GPU_NODE_LABEL,
     *,
     dispatch: str = "",
+    gpu_names: Mapping[str, str] | None = None,
+    constrain: bool = True,
 ) -> list[dict[str, Any]]:
     """The Pod manifests of one action (plain dicts, as sent to the API server).
 
     Requests equal limits (Guaranteed QoS: what admission counted is what the pod gets),
     GPUs are ``nvidia.com/gpu`` and a GPU type becomes a node selector on
-    ``gpu_node_label``. Annotations carry the action id, its workflow id and the
-    ``dispatch`` creating the pod, verbatim.
+    ``gpu_node_label`` (its value through ``gpu_names``, short name -> label value).
+    Every pod is constrained (required node affinity) to the nodes the admission chose
+    (``node_hints``), so the in-cluster scheduler binds a gang where the admission
+    counted it whole, and a single cannot take a gang's room (``constrain`` False: not,
+    for hints that name no node of the cluster). Annotations carry the
+    action id, its workflow id and the ``dispatch`` creating the pod, verbatim; the
+    action's own options (``req.kube``) add labels, annotations, env, volumes, ...
+    An SDK task's container writes its outcome to its termination message.
     """
     gang = _gang_env(req, namespace)
     svc = service_name(req.action_id) if needs_service(req) else None
+    names_map = gpu_names or {}
+    kube = req.kube
+    hints = sorted(set(req.node_hints)) if constrain else []
     out: list[dict[str, Any]] = []
     for p in req.pods:
         name = pod_name(req.action_id, p.role, p.index)
-        env = {**p.env, **gang[(p.role, p.index)]}
+        env = {**(kube.env if kube else {}), **p.env, **gang[(p.role, p.index)]}
         env.update(
             {"HEADWAY_ACTION_ID": req.action_id, "HEADWAY_TENANT": req.tenant, "HEADWAY_POD": name}
         )
+        task_pod = is_task_command(p.command)
+        if task_pod:
+            env["HEADWAY_OUTPUT_FILE"] = TERMINATION_LOG
+            env["HEADWAY_OUTPUT_MAX_BYTES"] = str(TERMINATION_MESSAGE_MAX)
         resources = _resources(p)
         container: dict[str, Any] = {
             "name": "main",
@@ -216,35 +343,40 @@ def build_pods(
         }
         if p.command:
             container["command"] = list(p.command)
+        if task_pod:
+            container["terminationMessagePath"] = TERMINATION_LOG
+            container["terminationMessagePolicy"] = "File"
         spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
         if svc is not None:
             spec["hostname"] = name
             spec["subdomain"] = svc
         if p.gpu and p.gpu_type:
-            spec["nodeSelector"] = {gpu_node_label: p.gpu_type}
+            spec["nodeSelector"] = {gpu_node_label: gpu_label_value(p.gpu_type, names_map)}
+        if hints:
+            spec["affinity"] = _node_affinity(hints)
         if len(req.pods) > 1:
             spec["schedulingGates"] = [{"name": GANG_GATE}]
         annotations = {ACTION_ANNOTATION: req.action_id, WORKFLOW_ANNOTATION: req.workflow_id}
         if dispatch:
             annotations[DISPATCH_ANNOTATION] = dispatch
-        out.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "labels": {
-                        ACTION_LABEL: label_value(req.action_id),
-                        TENANT_LABEL: label_value(req.tenant),
-                        ROLE_LABEL: label_value(p.role),
-                    },
-                    "annotations": annotations,
-                    "finalizers": [FINALIZER],
+        pod: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {
+                    ACTION_LABEL: label_value(req.action_id),
+                    TENANT_LABEL: label_value(req.tenant),
+                    ROLE_LABEL: label_value(p.role),
                 },
-                "spec": spec,
-            }
-        )
+                "annotations": annotations,
+                "finalizers": [FINALIZER],
+            },
+            "spec": spec,
+        }
+        _apply_options(pod, container, kube)
+        out.append(pod)
     return out
 
 
@@ -309,15 +441,25 @@ def translate_pod(
             return _K.OOM_KILLED, term.get("exitCode", 137), f"container {cs.get('name')} OOMKilled"
         waiting = state.get("waiting") or {}
         if waiting.get("reason") in _IMAGE_PULL_REASONS:
-            return _K.IMAGE_PULL_FAILED, None, waiting.get("message") or waiting["reason"]
+            image = cs.get("image") or _spec_image(pod, cs.get("name"))
+            detail = waiting.get("message") or waiting["reason"]
+            return (
+                _K.IMAGE_PULL_FAILED,
+                None,
+                f"image {image!r} could not be pulled: {waiting['reason']}: {detail}",
+            )
 
+    if reason == "Evicted":
+        return _K.EVICTED, None, status.get("message") or reason
     disruption = conds.get("DisruptionTarget")
     if disruption is not None and disruption.get("status") == "True":
         message = disruption.get("message") or disruption.get("reason") or "disrupted"
         if disruption.get("reason") in _NODE_GONE_REASONS:
             return _K.NODE_LOST, None, message
+        if disruption.get("reason") in _EVICTION_REASONS:
+            return _K.EVICTED, None, message
         return _K.PREEMPTED, None, message
-    if reason in ("Evicted", "Preempting"):
+    if reason == "Preempting":
         return _K.PREEMPTED, None, status.get("message") or reason
     if reason == "NodeLost" or (node_gone and phase not in _FINISHED_PHASES):
         return _K.NODE_LOST, None, status.get("message") or "node lost"
@@ -347,6 +489,52 @@ def translate_pod(
         if scheduled.get("reason") == "Unschedulable":
             return _K.UNSCHEDULABLE, None, scheduled.get("message") or "Unschedulable"
     return None
+
+
+def _spec_image(pod: dict[str, Any], container: str | None) -> str:
+    spec = pod.get("spec") or {}
+    for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
+        if c.get("name") == container:
+            return str(c.get("image") or "")
+    return ""
+
+
+def _image_pull_reason(pod: dict[str, Any]) -> str | None:
+    """The image-pull waiting reason of the pod's first container stuck on one."""
+    status = pod.get("status") or {}
+    for cs in list(status.get("initContainerStatuses") or []) + list(
+        status.get("containerStatuses") or []
+    ):
+        reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
+        if reason in _IMAGE_PULL_REASONS:
+            return str(reason)
+    return None
+
+
+def task_output(pod: dict[str, Any]) -> str | None:
+    """An SDK task pod's outcome document: its main container's termination message
+    (None for a pod that runs no SDK task, or wrote nothing)."""
+    spec = pod.get("spec") or {}
+    main = next((c for c in spec.get("containers") or [] if c.get("name") == "main"), None)
+    if main is None or main.get("terminationMessagePath") != TERMINATION_LOG:
+        return None
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == "main":
+            message = ((cs.get("state") or {}).get("terminated") or {}).get("message")
+            return str(message) if message else None
+    return None
+
+
+def _task_failure(document: str) -> str | None:
+    """``Type: message`` of a task's failure document (None: not one)."""
+    try:
+        doc = json.loads(document)
+    except ValueError:
+        return None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(err, dict):
+        return None
+    return f"{err.get('type', 'Error')}: {err.get('message', '')}".rstrip(": ")
 
 
 def _deleted_before_it_ended(pod: dict[str, Any]) -> bool:
@@ -608,6 +796,15 @@ class KubernetesBackend:
         pod_log: The pod log file; None reads ``$HEADWAY_POD_LOG`` (unset: no log).
         stale_timeout_s: How long to wait for a stale pod (another dispatch's, same
             name) to be gone before creating this dispatch's.
+        gpu_names: Short GPU name -> node-label value (``{"H100":
+            "NVIDIA-H100-80GB-HBM3"}``): pods asking for ``H100`` select the label value,
+            and nodes report their GPUs under the short name.
+        queue_namespaces: Queue -> the namespace its pods run in (others: ``namespace``).
+        delete_grace_s: Grace period of Headway's pod deletions (cancel, cleanup): the
+            container gets SIGTERM and this long before SIGKILL.
+        image_pull_grace_s: How long a pod may keep failing to pull its image
+            (``ErrImagePull``/``ImagePullBackOff``) before the action fails
+            ``ImagePullFailed``; an invalid image name fails at once.
     """
 
     def __init__(
@@ -626,12 +823,29 @@ class KubernetesBackend:
         clock: Callable[[], float] = time.time,
         pod_log: str | None = None,
         stale_timeout_s: float = 30.0,
+        gpu_names: Mapping[str, str] | None = None,
+        queue_namespaces: Mapping[str, str] | None = None,
+        delete_grace_s: int = 30,
+        image_pull_grace_s: float = 120.0,
     ) -> None:
         self.name = name
+        self.gpu_names = dict(gpu_names or {})
+        self.queue_namespaces = dict(queue_namespaces or {})
+        self.delete_grace_s = delete_grace_s
+        self.image_pull_grace_s = image_pull_grace_s
+        # Pods failing to pull their image: since when, and the timer that looks again.
+        self._pull_failing_since: dict[tuple[str, str], float] = {}
+        self._pull_timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
         self._incarnation = ""
         self.stale_timeout_s = stale_timeout_s
         self._pod_log = PodLog.from_env(name, pod_log)
         self.namespace = namespace
+        # Where pods are looked for: every namespace once a queue runs elsewhere.
+        self._scope: str | None = (
+            namespace
+            if namespace is not None and set(self.queue_namespaces.values()) <= {namespace}
+            else None
+        )
         self.gpu_node_label = gpu_node_label
         self.watch_timeout_s = watch_timeout_s
         self.sync_timeout_s = sync_timeout_s
@@ -701,12 +915,12 @@ class KubernetesBackend:
         api = await asyncio.to_thread(lambda: self.api)
         loop = asyncio.get_running_loop()
         selector = ACTION_LABEL
-        if self.namespace is None:
+        if self._scope is None:
 
             def pods_fn(**kw: Any) -> Any:
                 return api.list_pod_for_all_namespaces(label_selector=selector, **kw)
         else:
-            ns = self.namespace
+            ns = self._scope
 
             def pods_fn(**kw: Any) -> Any:
                 return api.list_namespaced_pod(ns, label_selector=selector, **kw)
@@ -738,6 +952,9 @@ class KubernetesBackend:
         """Stop the informers and close the API client."""
         for informer in self.informers.values():
             informer.stop()
+        for timer in self._pull_timers.values():
+            timer.cancel()
+        self._pull_timers.clear()
         for informer in self.informers.values():
             await informer.join()
         if self._api_client is not None:
@@ -751,6 +968,10 @@ class KubernetesBackend:
     def _ns(self, requested: str) -> str:
         return self.namespace or requested or "default"
 
+    def namespace_of(self, req: DispatchRequest) -> str:
+        """Where the action's pods run: its queue's namespace, else the worker's."""
+        return self.queue_namespaces.get(req.queue) or self._ns(req.namespace)
+
     async def create_pods(
         self, req: DispatchRequest, *, dispatch: str = "", adopt_only: bool = False
     ) -> list[str]:
@@ -759,7 +980,7 @@ class KubernetesBackend:
         A pod that exists under another ``dispatch`` is stale: it is deleted and this
         dispatch's created. With ``adopt_only`` nothing is sent to the API server.
         """
-        ns = self._ns(req.namespace)
+        ns = self.namespace_of(req)
         self._deleting.discard(req.action_id)
         names = [pod_name(req.action_id, p.role, p.index) for p in req.pods]
         if not adopt_only:
@@ -768,7 +989,14 @@ class KubernetesBackend:
                     lambda body: self.api.create_namespaced_service(ns, _any(body)),
                     build_service(req, ns),
                 )
-            bodies = build_pods(req, ns, self.gpu_node_label, dispatch=dispatch)
+            bodies = build_pods(
+                req,
+                ns,
+                self.gpu_node_label,
+                dispatch=dispatch,
+                gpu_names=self.gpu_names,
+                constrain=self._hints_known(req),
+            )
             for spec, body in zip(req.pods, bodies, strict=True):
                 await self._create_pod(ns, body, spec, dispatch)
             if len(names) > 1:
@@ -779,6 +1007,20 @@ class KubernetesBackend:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._pods_synced.wait(), self.sync_timeout_s)
         return names
+
+    def _hints_known(self, req: DispatchRequest) -> bool:
+        """Whether the admission's node hints are nodes of this cluster: an admission
+        made while its capacity was unknown names the fleet file's placeholders (and a
+        node may have gone since), which no pod could ever be bound to."""
+        unknown = [n for n in req.node_hints if n not in self._nodes]
+        if unknown:
+            log.info(
+                "%s: the admission's nodes %s are not nodes of %s: pods not constrained",
+                req.action_id,
+                ", ".join(unknown),
+                self.name,
+            )
+        return not unknown
 
     async def _create_pod(
         self, ns: str, body: dict[str, Any], spec: PodSpec, dispatch: str
@@ -861,7 +1103,14 @@ class KubernetesBackend:
                 req.action_id,
                 ", ".join(missing),
             )
-        bodies = build_pods(req, ns, self.gpu_node_label, dispatch=dispatch)
+        bodies = build_pods(
+            req,
+            ns,
+            self.gpu_node_label,
+            dispatch=dispatch,
+            gpu_names=self.gpu_names,
+            constrain=self._hints_known(req),
+        )
         for spec, body in zip(req.pods, bodies, strict=True):
             if body["metadata"]["name"] in missing:
                 await self._create_pod(ns, body, spec, dispatch)
@@ -905,29 +1154,37 @@ class KubernetesBackend:
         Every pod is tried even when one delete fails; the first failure is raised after
         (the caller retries, and finds only what is left).
         """
-        ns = self._ns(namespace)
+        # A queue's own namespace is taken as given; any other is the worker's.
+        ns = namespace if namespace in self.queue_namespaces.values() else self._ns(namespace)
         self._deleting.add(action_id)
-        items = await self._list_action_pods(action_id, ns)
+        items = await self._list_action_pods(action_id, ns if self._scope else None)
         deleted = 0
         failure: ApiException | None = None
+        spaces = {ns}
         for pod in items:
+            pod_ns = (pod.get("metadata") or {}).get("namespace") or ns
+            spaces.add(pod_ns)
             try:
-                await self._remove_pod(ns, pod)
+                await self._remove_pod(pod_ns, pod, grace_s=self.delete_grace_s)
                 deleted += 1
             except ApiException as exc:
                 if exc.status != 404:
                     failure = failure or exc
-        try:
-            await asyncio.to_thread(self.api.delete_namespaced_service, service_name(action_id), ns)
-        except ApiException as exc:
-            if exc.status != 404:
-                failure = failure or exc
+        for space in sorted(spaces):
+            try:
+                await asyncio.to_thread(
+                    self.api.delete_namespaced_service, service_name(action_id), space
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    failure = failure or exc
         if failure is not None:
             raise failure
         return deleted
 
-    async def _remove_pod(self, ns: str, pod: dict[str, Any]) -> None:
-        """Delete the pod (it stops at once) and lift Headway's finalizer (it goes).
+    async def _remove_pod(self, ns: str, pod: dict[str, Any], *, grace_s: int = 0) -> None:
+        """Delete the pod (SIGTERM, then ``grace_s`` seconds before SIGKILL; a stale pod
+        being replaced stops at once) and lift Headway's finalizer (it goes).
 
         The deletion first: a kill between the two leaves the pod marked for deletion,
         which the garbage collection finishes; never a running pod without its record.
@@ -936,7 +1193,7 @@ class KubernetesBackend:
         if not (pod.get("metadata") or {}).get("deletionTimestamp"):
             try:
                 await asyncio.to_thread(
-                    self.api.delete_namespaced_pod, name, ns, grace_period_seconds=0
+                    self.api.delete_namespaced_pod, name, ns, grace_period_seconds=grace_s
                 )
             except ApiException as exc:
                 if exc.status == 404:
@@ -991,7 +1248,7 @@ class KubernetesBackend:
         retried attempt adds what its predecessor's heartbeats recorded.
         """
         out: dict[str, PodRecord] = {}
-        for pod in await self._list_action_pods(action_id, self.namespace):
+        for pod in await self._list_action_pods(action_id, self._scope):
             if _dispatch_of(pod) != dispatch:
                 continue
             name = pod["metadata"]["name"]
@@ -1006,7 +1263,7 @@ class KubernetesBackend:
         marked for deletion is not live: it is kept only as the record of its end."""
         return {
             pod["metadata"]["name"]: (pod.get("spec") or {}).get("nodeName")
-            for pod in await self._list_action_pods(action_id, self.namespace)
+            for pod in await self._list_action_pods(action_id, self._scope)
             if (not dispatch or _dispatch_of(pod) in ("", dispatch))
             and not pod["metadata"].get("deletionTimestamp")
         }
@@ -1073,6 +1330,17 @@ class KubernetesBackend:
         if state is None:
             return
         kind, code, message = state
+        if kind is _K.IMAGE_PULL_FAILED:
+            waited = self._image_pull_waited(key, pod)
+            if waited is None:
+                return  # still within its grace: the kubelet keeps trying
+            if waited:
+                message = f"{message} (still failing after {waited:g} s)"
+        else:
+            self._image_pull_ok(key)
+        output = task_output(pod) if kind in (_K.SUCCEEDED, _K.FAILED) else None
+        if kind is _K.FAILED and output is not None:
+            message = _task_failure(output) or message
         last = self._last.get(key)
         if last is not None and (
             last.kind in TERMINAL_EVENTS or (last.kind, last.message) == (kind, message)
@@ -1087,9 +1355,38 @@ class KubernetesBackend:
             exit_code=code,
             message=message,
             observed_at=self.clock(),
+            output=output,
         )
         self._last[key] = event
         self._hub.publish(event)
+
+    def _image_pull_waited(self, key: tuple[str, str], pod: dict[str, Any]) -> float | None:
+        """How long the pod has failed to pull its image once that is past its grace
+        (0: a failure that waiting cannot fix); None while it is within the grace, with
+        a timer set to look again when it ends (the kubelet may say nothing new)."""
+        if _image_pull_reason(pod) in _IMAGE_PULL_FATAL:
+            return 0.0
+        now = self.clock()
+        since = self._pull_failing_since.setdefault(key, now)
+        left = since + self.image_pull_grace_s - now
+        if left <= 0:
+            return round(now - since, 1)
+        if key not in self._pull_timers:
+            loop = asyncio.get_running_loop()
+            self._pull_timers[key] = loop.call_later(left + 0.05, self._look_again, key)
+        return None
+
+    def _image_pull_ok(self, key: tuple[str, str]) -> None:
+        self._pull_failing_since.pop(key, None)
+        timer = self._pull_timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _look_again(self, key: tuple[str, str]) -> None:
+        self._pull_timers.pop(key, None)
+        pod = self._pods.get(key)
+        if pod is not None:
+            self._report(key, pod, node_gone=self._node_gone(pod))
 
     def _node_gone(self, pod: dict[str, Any]) -> bool:
         # Only a node we saw go counts: the node informer may simply not have caught up
@@ -1186,6 +1483,7 @@ class KubernetesBackend:
             )
             self._hub.publish(event)
         self._last.pop(key, None)
+        self._image_pull_ok(key)
 
     def _on_any_pod(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "SYNC":
@@ -1251,12 +1549,17 @@ class KubernetesBackend:
             memory=memory,
             ephemeral_storage=eph,
             gpu=gpu,
-            gpu_type=labels.get(self.gpu_node_label) if gpu else None,
+            gpu_type=self.gpu_type_of(labels) if gpu else None,
             free_cpu_m=max(cpu - used[0], 0) if usable else 0,
             free_memory=max(memory - used[1], 0) if usable else 0,
             free_ephemeral_storage=max(eph - used[2], 0) if usable else 0,
             free_gpu=max(gpu - used[3], 0) if usable else 0,
         )
+
+    def gpu_type_of(self, labels: Mapping[str, str]) -> str | None:
+        """The GPU type a node with these labels reports (its short name by the
+        worker's GPU name map, so the scheduler's ``H100:8`` matches)."""
+        return gpu_short_name(labels.get(self.gpu_node_label), self.gpu_names)
 
     async def capacity(self) -> CapacityReport:
         """Per node: allocatable, and free = allocatable - requests of non-terminal pods.

@@ -9,7 +9,10 @@ server-side watch timeouts with bookmarks, 403 for resources a test forbids, and
 finalizers as watchers see them (a DELETE marks, the last finalizer's removal deletes). For
 fault tests it can fail the next deletes of a resource with a 500, and lose a node the
 way a cluster does (:meth:`FakeKube.lose_node`: the pod garbage collector marks the
-node's pods and deletes them, then the node goes).
+node's pods and deletes them, then the node goes). A test may also play kube-scheduler and
+kubelet (:meth:`FakeKube.bind_pending`, :meth:`FakeKube.run_scheduler`): pending pods are
+bound honouring scheduling gates, nodeSelector, required node affinity, taints, cordons
+and free room, spreading like the default scheduler.
 """
 
 from __future__ import annotations
@@ -17,13 +20,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import os
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import attrs
 import kmock
 from kmock._internal import enums, rendering
+
+#: Where ``headway.sdk.run`` writes its outcome (the termination-message path in a pod).
+_OUTPUT_ENV = "HEADWAY_OUTPUT_FILE"
 
 _WRITE = {
     enums.action.CREATE: "ADDED",
@@ -70,6 +79,115 @@ def _fields_match(obj: dict[str, Any], selector: str) -> bool:
     return True
 
 
+def _quantity(value: Any, parse: Any) -> int:
+    return int(parse(value or 0, "fake"))
+
+
+def _requests(pod: dict[str, Any]) -> list[int]:
+    """(cpu_m, memory, gpu) the pod's containers request."""
+    from headway.scheduler.resources import parse_cpu, parse_memory
+
+    total = [0, 0, 0]
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        r = (c.get("resources") or {}).get("requests") or {}
+        lim = (c.get("resources") or {}).get("limits") or {}
+        total[0] += _quantity(r.get("cpu"), parse_cpu)
+        total[1] += _quantity(r.get("memory"), parse_memory)
+        total[2] += _quantity(r.get("nvidia.com/gpu", lim.get("nvidia.com/gpu")), parse_memory)
+    return total
+
+
+def _allocatable(node: dict[str, Any]) -> list[int]:
+    from headway.scheduler.resources import parse_cpu, parse_memory
+
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    return [
+        _quantity(alloc.get("cpu"), parse_cpu),
+        _quantity(alloc.get("memory"), parse_memory),
+        _quantity(alloc.get("nvidia.com/gpu"), parse_memory),
+    ]
+
+
+def _created_order(kube: FakeKube, pod: dict[str, Any]) -> int:
+    """The resourceVersion the pod was created at (its place in the scheduling queue)."""
+    meta = pod.get("metadata") or {}
+    key = (meta.get("namespace"), meta.get("name"))
+    return next(
+        (
+            rv
+            for rv, plural, kind, obj in kube.log
+            if plural == "pods"
+            and kind == "ADDED"
+            and ((obj.get("metadata") or {}).get("namespace"), obj["metadata"].get("name")) == key
+        ),
+        0,
+    )
+
+
+def _expression_matches(expr: dict[str, Any], value: str | None) -> bool:
+    op, values = expr.get("operator"), expr.get("values") or []
+    if op == "In":
+        return value in values
+    if op == "NotIn":
+        return value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    raise ValueError(f"fake kube: operator {op!r} is not simulated")
+
+
+def _feasible(pod: dict[str, Any], node: dict[str, Any]) -> bool:
+    """Whether the pod may go to the node, resources aside (the filters of a real
+    scheduler that Headway's pods meet: readiness, cordon, taints, selector, affinity)."""
+    spec = pod.get("spec") or {}
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    conditions = (node.get("status") or {}).get("conditions") or []
+    if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+        return False
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(_tolerates(t, taint) for t in spec.get("tolerations") or []):
+            return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if terms:
+        fields = {"metadata.name": meta.get("name")}
+        # The terms are ORed; the requirements of one term ANDed.
+        return any(
+            all(
+                _expression_matches(e, labels.get(e["key"]))
+                for e in t.get("matchExpressions") or []
+            )
+            and all(
+                _expression_matches(e, fields.get(e["key"])) for e in t.get("matchFields") or []
+            )
+            for t in terms
+        )
+    return True
+
+
+def _tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if not toleration.get("key"):
+        return toleration.get("operator") == "Exists"
+    if toleration["key"] != taint.get("key"):
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return True
+    return bool(toleration.get("value", "") == taint.get("value", ""))
+
+
 @attrs.define(kw_only=True)
 class FakeKube(kmock.KubernetesEmulator):
     """A kmock emulator that behaves enough like kube-apiserver for informers."""
@@ -86,6 +204,12 @@ class FakeKube(kmock.KubernetesEmulator):
     #: Every write request, as a line (time, verb, resource, namespace/name, outcome),
     #: for a test to keep beside its findings: who deleted what, and when.
     writes: list[str] = attrs.field(factory=list)
+    #: Every DELETE: (plural, namespace/name, its gracePeriodSeconds or None).
+    deletes: list[tuple[str, str, str | None]] = attrs.field(factory=list)
+    #: Pod -> the node :meth:`bind_pending` bound it to.
+    bindings: dict[str, str] = attrs.field(factory=dict)
+    #: Every pod :meth:`bind_pending` found no node for (once per pass).
+    unschedulable: list[str] = attrs.field(factory=list)
 
     # --- test controls --------------------------------------------------------------
 
@@ -137,6 +261,166 @@ class FakeKube(kmock.KubernetesEmulator):
         async with self.delete(f"/api/v1/nodes/{name}") as resp:
             assert resp.status == 200, await resp.text()
         return gone
+
+    # --- the in-cluster scheduler and kubelet, simulated ------------------------------
+
+    def bind_pending(self, *, run: bool = True) -> list[tuple[str, str | None]]:
+        """One pass of a kube-scheduler: every pending pod that no scheduling gate holds,
+        oldest first, is bound to a feasible node (Ready, not cordoned, its taints
+        tolerated, its nodeSelector and required node affinity met, room for its
+        requests), scoring like the default ``LeastAllocated`` (the emptiest node wins,
+        so unconstrained pods spread). A pod that fits nowhere gets ``PodScheduled``
+        False/Unschedulable with a real scheduler's message. ``run``: the kubelet starts
+        what was bound (phase Running). Returns (pod, node or None) per pod looked at."""
+        nodes = {(n.get("metadata") or {}).get("name", ""): n for n in self.live("nodes")}
+        used: dict[str, list[int]] = {name: [0, 0, 0] for name in nodes}
+        pods = self.live("pods")
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            phase = (pod.get("status") or {}).get("phase")
+            if node in used and phase not in ("Succeeded", "Failed"):
+                used[node] = [a + b for a, b in zip(used[node], _requests(pod), strict=True)]
+        out: list[tuple[str, str | None]] = []
+        pending = [
+            p
+            for p in pods
+            if not (p.get("spec") or {}).get("nodeName")
+            and not (p.get("spec") or {}).get("schedulingGates")
+            and not (p.get("metadata") or {}).get("deletionTimestamp")
+        ]
+        for pod in sorted(pending, key=lambda p: _created_order(self, p)):
+            meta = pod.get("metadata") or {}
+            want = _requests(pod)
+            best: tuple[float, str] | None = None
+            for name, node in sorted(nodes.items()):
+                alloc = _allocatable(node)
+                free = [a - u for a, u in zip(alloc, used[name], strict=True)]
+                if not _feasible(pod, node) or any(w > f for w, f in zip(want, free, strict=True)):
+                    continue
+                # LeastAllocated: the share left free after placing, averaged.
+                score = sum((f - w) / a for w, f, a in zip(want, free, alloc, strict=True) if a)
+                if best is None or score > best[0]:
+                    best = (score, name)
+            ns, pod_name = meta.get("namespace"), meta.get("name", "")
+            if best is None:
+                self.modify(
+                    "pods",
+                    ns,
+                    pod_name,
+                    {
+                        "status": {
+                            "phase": "Pending",
+                            "conditions": [
+                                {
+                                    "type": "PodScheduled",
+                                    "status": "False",
+                                    "reason": "Unschedulable",
+                                    "message": f"0/{len(nodes)} nodes are available: no node"
+                                    " fits the pod's requests, selector, affinity and taints.",
+                                }
+                            ],
+                        }
+                    },
+                )
+                self.unschedulable.append(pod_name)
+                out.append((pod_name, None))
+                continue
+            node_name = best[1]
+            used[node_name] = [a + b for a, b in zip(used[node_name], want, strict=True)]
+            conditions = [{"type": "PodScheduled", "status": "True"}]
+            self.modify(
+                "pods",
+                ns,
+                pod_name,
+                {
+                    "spec": {"nodeName": node_name},
+                    "status": {"phase": "Running" if run else "Pending", "conditions": conditions},
+                },
+            )
+            self.bindings[pod_name] = node_name
+            out.append((pod_name, node_name))
+        return out
+
+    async def run_scheduler(self, stop: asyncio.Event, interval: float = 0.05) -> None:
+        """:meth:`bind_pending` until ``stop`` is set (a test's background task)."""
+        while not stop.is_set():
+            self.bind_pending()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+    async def run_kubelet(self, stop: asyncio.Event, workdir: Path) -> None:
+        """kube-scheduler and a kubelet until ``stop``: pending pods are bound
+        (:meth:`bind_pending`), and a bound pod whose container runs an SDK task
+        (``python -m headway.sdk.run ...``) is run for real, as a local process with the
+        container's environment; its termination-message file (a file under ``workdir``
+        standing in for ``terminationMessagePath``) becomes the container's message, cut
+        at 4096 bytes as a kubelet does, and its exit code the pod's phase. Other pods
+        stay Running until the test ends them."""
+        started: set[str] = set()
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set():
+                self.bind_pending()
+                for pod in self.live("pods"):
+                    name = (pod.get("metadata") or {}).get("name", "")
+                    (container, *_) = (pod.get("spec") or {}).get("containers") or [{}]
+                    command = container.get("command") or []
+                    if (
+                        name in started
+                        or not (pod.get("spec") or {}).get("nodeName")
+                        or command[1:3] != ["-m", "headway.sdk.run"]
+                    ):
+                        continue
+                    started.add(name)
+                    task = asyncio.create_task(self._run_container(pod, container, workdir))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.05)
+        finally:
+            for task in list(running):
+                task.cancel()
+
+    async def _run_container(
+        self, pod: dict[str, Any], container: dict[str, Any], workdir: Path
+    ) -> None:
+        meta = pod["metadata"]
+        message_file = workdir / f"{meta['name']}.termination-log"
+        env = {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}
+        if container.get("terminationMessagePath"):
+            env[_OUTPUT_ENV] = str(message_file)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *container["command"][1:],
+            *(container.get("args") or []),
+            env={**os.environ, **env},
+            cwd=workdir,
+        )
+        code = await proc.wait()
+        message = message_file.read_text()[:4096] if message_file.exists() else ""
+        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+        if message:
+            terminated["message"] = message
+        self.modify(
+            "pods",
+            meta.get("namespace"),
+            meta["name"],
+            {
+                "status": {
+                    "phase": "Succeeded" if code == 0 else "Failed",
+                    "containerStatuses": [
+                        {
+                            "name": "main",
+                            "image": container.get("image", ""),
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"terminated": terminated},
+                        }
+                    ],
+                }
+            },
+        )
 
     def live(self, plural: str) -> list[dict[str, Any]]:
         """Current objects of a resource (raw dicts)."""
@@ -212,6 +496,9 @@ class FakeKube(kmock.KubernetesEmulator):
             meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             name = meta.get("name")
             namespace = meta.get("namespace")
+        if res is not None and request.action == enums.action.DELETE:
+            grace = request.params.get("gracePeriodSeconds")
+            self.deletes.append((res.plural or "", f"{namespace}/{name}", grace))
         response = await super()._handle(request)
         if kind is not None and res is not None:
             peer = request.headers.get("User-Agent", "")

@@ -98,7 +98,7 @@ def _terminated(reason: str, code: int) -> dict[str, Any]:
         (_terminated("OOMKilled", 137), K.OOM_KILLED, 137),
         (
             {"status": {"phase": "Failed", "reason": "Evicted", "message": "low memory"}},
-            K.PREEMPTED,
+            K.EVICTED,
             None,
         ),
         (
@@ -163,36 +163,79 @@ async def test_pod_lifecycle_events(kube, api_client, final, kind, exit_code):
         await b.close()
 
 
-async def test_image_pull_failure_and_node_deletion(kube, api_client):
+def _pull_failing(reason: str) -> dict[str, Any]:
+    return {
+        **SCHEDULED,
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "image": "registry.example/typo:1",
+                    "state": {"waiting": {"reason": reason, "message": "Back-off pulling image"}},
+                }
+            ],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("reason", "tolerated"),
+    [
+        pytest.param("ImagePullBackOff", True, id="back-off-waits-out-its-grace-then-fails"),
+        pytest.param("ErrImagePull", True, id="a-failed-pull-waits-out-its-grace-too"),
+        pytest.param("InvalidImageName", False, id="an-invalid-name-fails-at-once"),
+    ],
+)
+async def test_image_pull_failure_is_tolerated_up_to_its_grace_then_names_the_image(
+    kube, api_client, reason, tolerated
+):
     await add_node(kube, "n1", cpu="8", memory="32Gi")
-    b = await backend(api_client)
+    b = await backend(api_client, image_pull_grace_s=1.0)
     try:
         with b.subscribe() as q:
             (p1,) = await b.create_pods(request("img"))
+            await patch_pod(kube, p1, _pull_failing(reason))
+            # Within its grace nothing is said (the kubelet keeps pulling); past it, or
+            # at once for a name no pull can fix, the failure names the image.
+            ev = await next_event(q, "img")
+            assert ev.kind is K.IMAGE_PULL_FAILED
+            assert "'registry.example/typo:1' could not be pulled" in ev.message
+            assert reason in ev.message
+            assert ("still failing after" in ev.message) is tolerated
+    finally:
+        await b.close()
+
+
+async def test_image_pulled_within_its_grace_is_no_failure(kube, api_client):
+    await add_node(kube, "n1", cpu="8", memory="32Gi")
+    b = await backend(api_client, image_pull_grace_s=1.0)
+    try:
+        with b.subscribe() as q:
+            (p1,) = await b.create_pods(request("img"))
+            await patch_pod(kube, p1, _pull_failing("ImagePullBackOff"))
             await patch_pod(
                 kube,
                 p1,
                 {
-                    **SCHEDULED,
                     "status": {
-                        "phase": "Pending",
-                        "containerStatuses": [
-                            {
-                                "name": "main",
-                                "state": {
-                                    "waiting": {
-                                        "reason": "ImagePullBackOff",
-                                        "message": "Back-off pulling image",
-                                    }
-                                },
-                            }
-                        ],
-                    },
+                        "phase": "Running",
+                        "containerStatuses": [{"name": "main", "state": {"running": {}}}],
+                    }
                 },
             )
-            ev = await next_event(q, "img")
-            assert ev.kind is K.IMAGE_PULL_FAILED and ev.message == "Back-off pulling image"
+            assert (await next_event(q, "img")).kind is K.RUNNING
+            with pytest.raises(TimeoutError):
+                await next_event(q, "img", timeout=1.5)
+    finally:
+        await b.close()
 
+
+async def test_node_deletion_is_node_lost(kube, api_client):
+    await add_node(kube, "n1", cpu="8", memory="32Gi")
+    b = await backend(api_client)
+    try:
+        with b.subscribe() as q:
             (p2,) = await b.create_pods(request("lost"))
             await patch_pod(kube, p2, SCHEDULED)
             await patch_pod(kube, p2, RUNNING)

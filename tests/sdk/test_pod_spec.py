@@ -1,7 +1,8 @@
 """The Kubernetes pods of an SDK task: the environment's image running the same
 entrypoint the simulated backend runs, with its demand as requests and, for a clustered
-environment, each replica's rank in its environment. (Manifests only: the pods' outcome
-document is not yet read back from the container's termination message on Kubernetes.)"""
+environment, each replica's rank in its environment; and an environment's Kubernetes
+options on its pods. (The outcome read back from the container's termination message:
+``tests/cluster/test_kube_options.py``.)"""
 
 from __future__ import annotations
 
@@ -70,3 +71,78 @@ def test_an_sdk_task_pod_runs_the_entrypoint_in_its_image_with_its_rank(monkeypa
 
 async def _no_client(conn):
     return None
+
+
+gpu_env = headway.TaskEnvironment(
+    "infer",
+    headway.Resources(cpu=2, memory="16Gi", gpu="H100:1"),
+    image="registry.example/infer:2",
+    secrets=["hf-token:HF_TOKEN"],
+    labels={"team": "nlp"},
+    tolerations=["nvidia.com/gpu:NoSchedule"],
+    node_selector={"pool": "gpu"},
+    priority_class="online",
+    service_account="infer",
+    volumes=["pvc:models:/models:ro"],
+    shm_size="2Gi",
+)
+
+
+@gpu_env.task
+async def infer(prompt: str) -> str:
+    return prompt
+
+
+def test_an_environments_kubernetes_options_reach_its_pods(monkeypatch):
+    captured = {}
+
+    async def fake_submit(client, req):
+        captured["req"] = req
+        raise RuntimeError("not sent")
+
+    monkeypatch.setattr("headway.workflows.client.submit_action", fake_submit)
+    monkeypatch.setattr("headway.sdk._engine.ENGINE.client", _no_client)
+    run = Run(Connection("temporal:7233", "default", "default"), "r2", None)
+    with pytest.raises(RuntimeError, match="not sent"):
+        headway.sdk._engine.ENGINE.run(run._submit(infer, infer.encode_inputs(("hi",), {})))
+    req = captured["req"]
+    assert req.kube == gpu_env.kube
+    kind, pods = demand_from_request(asdict(req.demand))
+    dispatch = DispatchRequest(
+        tenant="default",
+        action_id=req.action_id,
+        workflow_id="wf",
+        cluster="gpu",
+        kind=GangKind(kind.value),
+        pods=_pod_specs(kind, tuple(pods), req),
+        kube=req.kube,
+    )
+    (pod,) = build_pods(dispatch, "default", gpu_names={"H100": "NVIDIA-H100-80GB-HBM3"})
+    spec = pod["spec"]
+    (c,) = spec["containers"]
+    assert pod["metadata"]["labels"]["team"] == "nlp"
+    assert spec["priorityClassName"] == "online" and spec["serviceAccountName"] == "infer"
+    assert spec["nodeSelector"] == {
+        "pool": "gpu",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    }
+    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/models", "/dev/shm"}
+    assert c["terminationMessagePath"] == "/dev/termination-log"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        pytest.param({"labels": {"team": "a b"}}, "labels: 'team=a b'", id="label"),
+        pytest.param({"secrets": ["creds:a-b"]}, "secrets: 'creds:a-b'", id="secret"),
+        pytest.param({"tolerations": ["x:Never"]}, "tolerations: 'x:Never'", id="toleration"),
+        pytest.param({"volumes": ["pvc:d"]}, "volumes: 'pvc:d'", id="volume"),
+        pytest.param({"shm_size": "big"}, "shm_size: 'big'", id="shm"),
+        pytest.param({"priority_class": "Hi"}, "priority_class: 'Hi'", id="priority-class"),
+    ],
+)
+def test_a_bad_kubernetes_option_of_an_environment_names_argument_and_value(kwargs, named):
+    with pytest.raises(ValueError, match=named.replace("(", r"\(")):
+        headway.TaskEnvironment("bad", **kwargs)
+    with pytest.raises(ValueError, match=named):
+        headway.ClusteredTaskEnvironment("bad", replicas=2, **kwargs)
