@@ -292,6 +292,9 @@ UPDATE_QUEUE_UPDATE = "update_queue"
 SET_ORG_UPDATE = "set_org"
 #: Update on the scheduler workflow: {"name": ...}; removes an empty queue.
 REMOVE_QUEUE_UPDATE = "remove_queue"
+#: Update on the scheduler workflow: an EnvironmentSpec.to_dict() dict (a reusable
+#: environment, declared by the SDK at its first submit); returns the dict.
+DECLARE_ENVIRONMENT_UPDATE = "declare_environment"
 
 
 @dataclass

@@ -489,6 +489,17 @@ async def upsert_queue(
     return await _update(client, tenant, protocol.UPSERT_QUEUE_UPDATE, arg, fleet)
 
 
+async def declare_environment(client: Client, tenant: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Declare a reusable environment to the tenant's scheduler (``EnvironmentSpec``
+    notation: ``{name, resources, replicas, concurrency, idle_ttl}``); idempotent.
+
+    Raises:
+        temporalio.client.WorkflowUpdateFailedError: a bad field, or another shape of an
+            environment in use (the message names the fields).
+    """
+    return await _update(client, tenant, protocol.DECLARE_ENVIRONMENT_UPDATE, spec)
+
+
 async def update_queue(
     client: Client,
     tenant: str,
