@@ -690,11 +690,15 @@ class Action:
             except WorkflowFailureError:
                 pass
             except RPCError as err:
-                if err.status == RPCStatusCode.DEADLINE_EXCEEDED:
+                # The round's own deadline (a loaded client reports it as CANCELLED,
+                # "Timeout expired"): ask again.
+                if err.status == RPCStatusCode.DEADLINE_EXCEEDED or (
+                    err.status == RPCStatusCode.CANCELLED and "Timeout expired" in str(err)
+                ):
                     continue
-                if err.status == RPCStatusCode.RESOURCE_EXHAUSTED:
-                    # "Workflow is busy": the server sheds reads of a workflow under
-                    # load (a parent whose 1,000 children end); ask again shortly.
+                if err.status in (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE):
+                    # "Workflow is busy", or the server briefly away: under load it sheds
+                    # reads (seen with 1,000 children of one task); ask again shortly.
                     await asyncio.sleep(0.5)
                     continue
                 raise

@@ -240,9 +240,19 @@ async def _submit_action(client: Client, req: SubmitRequest) -> Submission:
             # client's deadline answers the client's own retry "not started:
             # StartDeduped" although it started the workflow. Submission is idempotent by
             # id: the same submission again finds that action.
-            transient = "StartDeduped" in str(err) or err.status in (
-                RPCStatusCode.DEADLINE_EXCEEDED,
-                RPCStatusCode.UNAVAILABLE,
+            # So is an update-with-start whose new workflow's first task failed (timed
+            # out on a loaded worker: "Workflow Task in failed state") or whose update
+            # the server aborted: the workflow exists, the same submission finds it.
+            transient = (
+                "StartDeduped" in str(err)
+                or "Workflow Task in failed state" in str(err)
+                or "update was aborted" in str(err)
+                or err.status
+                in (
+                    RPCStatusCode.DEADLINE_EXCEEDED,
+                    RPCStatusCode.UNAVAILABLE,
+                    RPCStatusCode.RESOURCE_EXHAUSTED,
+                )
             )
             if not transient or attempt == 5:
                 raise
