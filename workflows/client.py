@@ -44,6 +44,7 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import (
     TypedSearchAttributes,
@@ -235,6 +236,12 @@ async def _submit_action(client: Client, req: SubmitRequest) -> Submission:
     for attempt in range(6):
         try:
             return await _submit_once(client, req)
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            # The door's answer did not come back in the RPC's time (a loaded server):
+            # the workflow exists, the same submission asks it again.
+            if attempt == 5:
+                raise
+            await asyncio.sleep(0.2 * 2**attempt)
         except RPCError as err:
             # Lost track of its own answer: a loaded server whose start outlived the
             # client's deadline answers the client's own retry "not started:
