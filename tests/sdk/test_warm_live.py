@@ -140,6 +140,18 @@ def test_a_warm_environment_serves_twenty_actions_in_two_processes(stack: Stack,
     eventually(torn_down, "the pool torn down after its idle time", 60)
 
 
+def _readme_warm_example() -> str:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Warm environments", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readmes_warm_example_runs_as_written(stack: Stack, tmp_path: Path):
+    out = run_program(stack, tmp_path, _readme_warm_example(), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.lines == ["2470 from 2 processes"]
+
+
 def test_another_shape_of_an_environment_in_use_is_refused(stack: Stack, tmp_path: Path):
     out = run_program(
         stack,
@@ -186,12 +198,13 @@ def test_another_shape_of_an_environment_in_use_is_refused(stack: Stack, tmp_pat
     assert asyncio.run(_actions(stack, "shape-2", expect=0)) == {}
 
 
+@pytest.mark.timeout(1800)
 def test_a_thousand_tiny_tasks_through_map_with_backpressure(stack: Stack, tmp_path: Path):
-    """1,000 calls through ``headway.map`` onto a queue 100 deep, served by a warm pool:
+    """1,000 calls through ``headway.map`` onto a queue 50 deep, served by a warm pool:
     the door refuses what does not fit, map holds the rest back and submits it as its
     calls end, and every result comes back in order. Wall time and submit rate are
     printed (``-s``), not asserted."""
-    _query(stack, lambda c: hw.upsert_queue(c, "default", {"name": "bulk", "depth": 100}))
+    _query(stack, lambda c: hw.upsert_queue(c, "default", {"name": "bulk", "depth": 50}))
     started = time.monotonic()
     out = run_program(
         stack,
@@ -212,7 +225,7 @@ def test_a_thousand_tiny_tasks_through_map_with_backpressure(stack: Stack, tmp_p
 
         @env.task
         async def fan(n: int) -> list[int]:
-            return await headway.map(square.override(queue="bulk"), range(n), concurrency=200)
+            return await headway.map(square.override(queue="bulk"), range(n), concurrency=100)
 
         if __name__ == "__main__":
             run = headway.with_runcontext(queue="default", name="bulk-1").run(fan, n=1000)
