@@ -201,6 +201,12 @@ class _Replica:
                 fut.set_result(code if code else 1)
         self.calls.clear()
 
+    @property
+    def live(self) -> bool:
+        """Its answers are still read (a call given to it now is answered, or ended
+        with the process's exit code)."""
+        return self.reader is not None and not self.reader.done()
+
     def send(self, msg: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps(msg) + "\n").encode())
@@ -222,6 +228,12 @@ class _Pool:
     @property
     def pids(self) -> list[int]:
         return [r.proc.pid for r in self.replicas]
+
+    @property
+    def usable(self) -> bool:
+        """Not torn down, and a process of it still runs (one killed from outside, or
+        crashed, ends its calls in flight as a process that exits does)."""
+        return not self.closed and any(r.live for r in self.replicas)
 
     async def start(self) -> None:
         for i in range(self.shape.replicas):
@@ -245,7 +257,7 @@ class _Pool:
         """The least busy live replica with a free slot (ties in turn), once there is one."""
         async with self.changed:
             while True:
-                live = [r for r in self.replicas if r.proc.returncode is None]
+                live = [r for r in self.replicas if r.live]
                 if not live:
                     raise RuntimeError(f"the processes of pool {self.shape.name!r} are gone")
                 free = [r for r in live if len(r.calls) < self.shape.concurrency]
@@ -335,10 +347,13 @@ class Pools:
             # on another loop (a test's) starts its own.
             self._pools, self._starting, self._loop = {}, asyncio.Lock(), loop
         pool = self._pools.get(shape)
-        if pool is None or pool.closed:
+        if pool is None or not pool.usable:
             async with self._starting:
                 pool = self._pools.get(shape)
-                if pool is None or pool.closed:
+                if pool is None or not pool.usable:
+                    if pool is not None:
+                        self.forget(pool)
+                        await pool.stop()  # what is left of it
                     pool = _Pool(shape, log_file.parent)
                     await pool.start()
                     self._pools[shape] = pool

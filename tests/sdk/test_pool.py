@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,18 @@ async def test_twenty_actions_run_in_the_pools_two_processes_then_it_is_torn_dow
         assert not any(_alive(p) for p in pids)
         # The next task places it anew.
         anew = (await _run(b, task_request(tmp_path, "anew", 2)))[-1]
-        assert json.loads(anew.output or "")["output"]["pid"] not in pids
+        fresh = set(POOLS.pids()["warm"])
+        assert json.loads(anew.output or "")["output"]["pid"] in fresh - pids
+        # Its processes killed from outside: the next task starts the pool again.
+        for pid in fresh:
+            os.kill(pid, signal.SIGKILL)
+        for _ in range(100):
+            if not any(_alive(p) for p in fresh):
+                break
+            await asyncio.sleep(0.1)
+        after = (await _run(b, task_request(tmp_path, "after", 3)))[-1]
+        assert after.kind is K.SUCCEEDED
+        assert json.loads(after.output or "")["output"]["pid"] not in fresh | pids
     finally:
         await POOLS.close()
         await b.close()
