@@ -356,6 +356,9 @@ REMOVE_QUEUE_UPDATE = "remove_queue"
 #: Update on the scheduler workflow: a ClusterSpec.to_dict() dict (+ "by"); adds a cluster
 #: to the tenant's fleet or replaces its declared shape. Returns the dict as applied.
 REGISTER_CLUSTER_UPDATE = "register_cluster"
+#: Update on the scheduler workflow: an EnvironmentSpec.to_dict() dict (a reusable
+#: environment, declared by the SDK at its first submit); returns the dict.
+DECLARE_ENVIRONMENT_UPDATE = "declare_environment"
 
 
 @dataclass

@@ -45,6 +45,7 @@ __all__ = [
     "ScenarioError",
     "WorkItem",
     "demand_from_request",
+    "environment_from_dict",
     "load_scenario",
     "parse_fleet",
     "queue_changes",
@@ -485,6 +486,18 @@ def demand_from_request(
     m = ctx.mapping({k: v for k, v in d.items() if v is not None}, field, None)
     ctx.keys(m, field, {"resources", "replicas", "ray", "spark"})
     return _demand(ctx, m, field)
+
+
+def environment_from_dict(d: Mapping[str, Any], field: str = "environment") -> EnvironmentSpec:
+    """A reusable environment declared live (the SDK's ``ReusePolicy``), in the notation
+    of a scenario's ``environments:`` entry: ``{name, resources, replicas, concurrency,
+    idle_ttl}``.
+
+    Raises:
+        ScenarioError: a field is missing or bad (named, with its value).
+    """
+    ctx = _Ctx(field)
+    return _environments(ctx, [d], field, None)[0]
 
 
 _WORK_FIELDS = {

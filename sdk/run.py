@@ -8,6 +8,15 @@ container's termination message, ``/dev/termination-log``):
 ``{"ok": true, "output": VALUE}`` or ``{"ok": false, "error": {"type", "message",
 "traceback"}}``. Exit code 0 when the function returned, 1 when it raised.
 
+``python -m headway.sdk.run --serve`` is a warm environment's long-lived process (a
+reusable environment's pool, :class:`headway.ReusePolicy`): it reads one request per
+line on stdin, ``{"id", "argv", "output"}`` (``argv`` the arguments above, ``output``
+the outcome file), runs each call's task as a task of its own loop (as many at a time as
+it is sent: the pool's ``concurrency``), writes its outcome document as above and
+answers ``{"id", "code"}`` on stdout, one line each; ``{"cancel": ID}`` stops a call.
+The task code's own prints go to stderr (the pool's log). It exits when stdin closes
+(its pool torn down, or its worker gone). A module is imported once per process.
+
 Tasks it awaits are submitted as child actions of this one, in its run, to the Temporal
 server named by ``--address`` (``HEADWAY_TEMPORAL_ADDRESS`` in the pod wins, for a
 cluster that reaches Temporal by another name than the submitter did).
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib
 import json
 import os
@@ -47,11 +57,24 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--namespace", default="default")
     p.add_argument("--tenant", default="default")
     p.add_argument("--env", action="append", default=[])
+    # A reusable environment's pool (read by the cluster's backend, not here).
+    p.add_argument("--pool", default=None)
+    p.add_argument("--pool-replicas", type=int, default=1)
+    p.add_argument("--pool-concurrency", type=int, default=1)
+    p.add_argument("--pool-idle-ttl", type=float, default=0.0)
     p.add_argument("--inputs", required=True)
     return p.parse_args(argv)
 
 
 def _run(args: argparse.Namespace) -> Any:
+    task, inputs = _load(args)
+    result = asyncio.run(task.func(**inputs))
+    return task.encode_output(result)
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The task and its decoded arguments; the task context set (in the current
+    context: a task of the pool's loop has its own)."""
     from headway.sdk._engine import ADDRESS_ENV, Connection
     from headway.sdk.tasks import _CONTEXT, TaskTemplate, _TaskContext
 
@@ -71,35 +94,47 @@ def _run(args: argparse.Namespace) -> Any:
         tenant=args.tenant,
     )
     _CONTEXT.set(_TaskContext(conn, args.run, args.run_queue, args.action))
-    result = asyncio.run(task.func(**inputs))
-    return task.encode_output(result)
+    return task, inputs
+
+
+def _failed(exc: BaseException) -> tuple[dict[str, Any], int]:
+    """The outcome document of a call that raised ``exc`` (being handled), and its code."""
+    if isinstance(exc, SystemExit) and exc.code in (0, None):
+        return {"ok": True, "output": None}, 0
+    traceback.print_exc()
+    return {
+        "ok": False,
+        "error": {
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": traceback.format_exc()[-MAX_TRACEBACK:],
+        },
+    }, 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one task call; write its outcome document; 0 if it returned, else 1."""
+    """Run one task call; write its outcome document; 0 if it returned, else 1.
+    ``--serve``: run a warm environment's process until stdin closes."""
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["--serve"]:
+        return serve()
     args = _parse(argv)
     try:
         doc: dict[str, Any] = {"ok": True, "output": _run(args)}
         code = 0
     except BaseException as exc:  # everything the task raised is its outcome
-        if isinstance(exc, SystemExit) and exc.code in (0, None):
-            doc, code = {"ok": True, "output": None}, 0
-        else:
-            doc = {
-                "ok": False,
-                "error": {
-                    "type": type(exc).__name__,
-                    "message": str(exc),
-                    "traceback": traceback.format_exc()[-MAX_TRACEBACK:],
-                },
-            }
-            code = 1
-            traceback.print_exc()
-    text, code = _fit(doc, code, _limit())
+        doc, code = _failed(exc)
     path = os.environ.get("HEADWAY_OUTPUT_FILE") or "/dev/termination-log"
+    code = _write(doc, code, path)
+    sys.stdout.flush()
+    return code
+
+
+def _write(doc: dict[str, Any], code: int, path: str) -> int:
+    """Write the outcome document to ``path``, fitted to the limit (``_fit``: a too
+    large result becomes a failure); returns the call's exit code."""
+    text, code = _fit(doc, code, _limit())
     with open(path, "w") as fh:
         fh.write(text)
-    sys.stdout.flush()
     return code
 
 
@@ -139,6 +174,59 @@ def _fit(doc: dict[str, Any], code: int, limit: int) -> tuple[str, int]:
         },
     }
     return json.dumps(failure, separators=(",", ":")), 1
+
+
+# --- a warm environment's process -------------------------------------------------------
+
+
+def serve() -> int:
+    """Serve calls sent on stdin until it closes (see the module's docstring)."""
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # the task code's prints go to the log, never into the answers
+    asyncio.run(_serve(answers))
+    return 0
+
+
+async def _serve(answers: Any) -> None:
+    calls: dict[str, asyncio.Task[None]] = {}
+    while True:
+        line = await asyncio.to_thread(sys.stdin.readline)
+        if not line:
+            break  # the pool is torn down (or its worker went): stop
+        msg = json.loads(line)
+        if "cancel" in msg:
+            call = calls.get(str(msg["cancel"]))
+            if call is not None:
+                call.cancel()
+            continue
+        rid = str(msg["id"])
+        call = asyncio.create_task(_serve_one(rid, msg["argv"], msg["output"], answers))
+        calls[rid] = call
+        call.add_done_callback(functools.partial(_forget, calls, rid))
+    for call in list(calls.values()):
+        call.cancel()
+    await asyncio.gather(*calls.values(), return_exceptions=True)
+
+
+def _forget(calls: dict[str, asyncio.Task[None]], rid: str, _done: object) -> None:
+    calls.pop(rid, None)
+
+
+async def _serve_one(rid: str, argv: list[str], output: str, answers: Any) -> None:
+    """One call in a pool process: as ``main`` does it, but on the pool's loop."""
+    try:
+        task, inputs = _load(_parse(argv))
+        result = await task.func(**inputs)
+        doc: dict[str, Any] = {"ok": True, "output": task.encode_output(result)}
+        code = 0
+    except asyncio.CancelledError:
+        return  # its pod was deleted: nobody reads an outcome
+    except BaseException as exc:  # everything the task raised is its outcome
+        doc, code = _failed(exc)
+    code = _write(doc, code, output)
+    sys.stdout.flush()
+    answers.write(json.dumps({"id": rid, "code": code}) + "\n")
+    answers.flush()
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ __all__ = [
     "ClusteredTaskEnvironment",
     "HeadwayError",
     "RayEnvironment",
+    "ReusePolicy",
     "Run",
     "RunContext",
     "SerializationError",
@@ -102,6 +103,7 @@ CODE_ROOT_ENV = "HEADWAY_CODE_ROOT"
 MAX_INPUTS_BYTES = 64 * 1024
 
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
 # --- errors -----------------------------------------------------------------------------
@@ -203,6 +205,59 @@ class TorchRun:
     ``NPROC_PER_NODE``."""
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _seconds(value: Any, what: str) -> float:
+    """A duration: seconds (a number), a ``timedelta``, or ``"90s"``, ``"5m"``, ``"1h"``."""
+    if isinstance(value, timedelta):
+        secs = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        secs = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        secs = float(m.group(1)) * _UNIT_S[m.group(2)]
+    else:
+        raise ValueError(
+            f"{what}: {value!r} is not a duration (seconds, a timedelta, or e.g. '90s', '5m', '1h')"
+        )
+    if not secs >= 0 or secs == float("inf"):
+        raise ValueError(f"{what}: {value!r} must be a finite duration, at least 0")
+    return secs
+
+
+def _whole(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what}: {value!r} must be a whole number, at least 1")
+    return value
+
+
+@dataclass(frozen=True)
+class ReusePolicy:
+    """A warm (reusable) environment: a pool of ``replicas`` pods, placed once by the
+    first action that needs it and counted once against its queue's quota, each running
+    up to ``concurrency`` actions at a time; more wait (``EnvironmentBusy``). It is torn
+    down ``idle_ttl`` after its last action ended (seconds, a ``timedelta`` or ``"5m"``).
+
+    Raises:
+        ValueError: a field is not what it must be (named, with its value).
+    """
+
+    replicas: int = 1
+    concurrency: int = 1
+    idle_ttl: float | str | timedelta = 300.0
+
+    def __post_init__(self) -> None:
+        _whole(self.replicas, "ReusePolicy.replicas")
+        _whole(self.concurrency, "ReusePolicy.concurrency")
+        object.__setattr__(self, "idle_ttl", _seconds(self.idle_ttl, "ReusePolicy.idle_ttl"))
+
+    @property
+    def idle_ttl_s(self) -> float:
+        """``idle_ttl`` in seconds."""
+        return float(cast(float, self.idle_ttl))
+
+
 class TaskEnvironment:
     """Where a task's code runs: its resources (one pod), image, env vars and queue.
 
@@ -224,6 +279,8 @@ class TaskEnvironment:
         shm_size: A memory-backed ``/dev/shm`` of that size (``"8Gi"``).
 
     Every value is checked here (ValueError naming the argument and the value).
+        reusable: Keep the environment warm (:class:`ReusePolicy`): a pool of
+            processes (pods) placed once, each running many actions' code in turn.
     """
 
     def __init__(
@@ -243,12 +300,21 @@ class TaskEnvironment:
         service_account: str | None = None,
         volumes: Iterable[str | Volume] | str | None = None,
         shm_size: str | int | None = None,
+        reusable: ReusePolicy | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name: {name!r} must be a non-empty string")
         if resources is not None and not isinstance(resources, Resources):
             raise TypeError(f"resources: {resources!r} is not a headway.Resources")
         _check_queue(queue)
+        if reusable is not None:
+            if not isinstance(reusable, ReusePolicy):
+                raise TypeError(f"reusable: {reusable!r} is not a headway.ReusePolicy")
+            if not _ENV_NAME.match(name):
+                raise ValueError(
+                    f"name: {name!r} is not the name of a reusable environment (letters,"
+                    " digits, '.', '_', '-', at most 200)"
+                )
         self.name = name
         self.resources = resources or Resources(cpu=1, memory="1Gi")
         self.image = image
@@ -266,6 +332,7 @@ class TaskEnvironment:
             volumes=volumes,
             shm_size=shm_size,
         )
+        self.reusable = reusable
 
     def demand(self) -> DemandRequest:
         """The demand of one action of this environment (the core computes the pods)."""
@@ -274,6 +341,19 @@ class TaskEnvironment:
     def process_env(self) -> dict[str, str]:
         """Environment variables the task's process gets."""
         return dict(self.env_vars)
+
+    def environment_spec(self) -> dict[str, Any] | None:
+        """The warm environment as the scheduler declares it (``EnvironmentSpec``
+        notation), None for an environment that is not reusable."""
+        if self.reusable is None:
+            return None
+        return {
+            "name": self.name,
+            "resources": self.resources.to_dict(),
+            "replicas": self.reusable.replicas,
+            "concurrency": self.reusable.concurrency,
+            "idle_ttl": self.reusable.idle_ttl_s,
+        }
 
     @overload
     def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> TaskTemplate[P, R]: ...
@@ -647,7 +727,16 @@ class Action:
             except WorkflowFailureError:
                 pass
             except RPCError as err:
-                if err.status == RPCStatusCode.DEADLINE_EXCEEDED:
+                # The round's own deadline (a loaded client reports it as CANCELLED,
+                # "Timeout expired"): ask again.
+                if err.status == RPCStatusCode.DEADLINE_EXCEEDED or (
+                    err.status == RPCStatusCode.CANCELLED and "Timeout expired" in str(err)
+                ):
+                    continue
+                if err.status in (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE):
+                    # "Workflow is busy", or the server briefly away: under load it sheds
+                    # reads (seen with 1,000 children of one task); ask again shortly.
+                    await asyncio.sleep(0.5)
                     continue
                 raise
             return await hw.wait_result(self.handle, action_id=self.id)
@@ -684,6 +773,37 @@ def _value_of(res: ActionResult, req: SubmitRequest) -> Any:
         error_message=err.get("message"),
         remote_traceback=err.get("traceback"),
     )
+
+
+#: Reusable environments this process declared, by connection and name: their shape.
+_DECLARED: dict[tuple[Connection, str], str] = {}
+_DECLARING = asyncio.Lock()
+
+
+async def _declare(client: Any, conn: Connection, env: TaskEnvironment) -> None:
+    """Declare ``env``'s warm environment to the tenant's scheduler, once per process and
+    shape (the scheduler's answer is idempotent; this spares an update per action).
+
+    Raises:
+        ValueError: the scheduler refused it (another shape of it is in use), named.
+    """
+    spec = env.environment_spec()
+    assert spec is not None
+    key, shape = (conn, env.name), json.dumps(spec, sort_keys=True)
+    if _DECLARED.get(key) == shape:
+        return
+    from headway.workflows import client as hw
+    from temporalio.client import WorkflowUpdateFailedError
+
+    async with _DECLARING:
+        if _DECLARED.get(key) == shape:
+            return
+        try:
+            await hw.declare_environment(client, conn.tenant, spec)
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause if err.cause is not None else err
+            raise ValueError(f"reusable: {getattr(cause, 'message', None) or cause}") from None
+        _DECLARED[key] = shape
 
 
 class Run:
@@ -749,6 +869,20 @@ class Run:
         env = task.env.process_env()
         for key, value in sorted(env.items()):
             command[-2:-2] = ["--env", f"{key}={value}"]
+        pool = task.env.reusable
+        if pool is not None:
+            # The cluster runs the call in the environment's pool of long-lived
+            # processes (see headway.sdk.run --serve) rather than a fresh one.
+            command[-2:-2] = [
+                "--pool",
+                task.env.name,
+                "--pool-replicas",
+                str(pool.replicas),
+                "--pool-concurrency",
+                str(pool.concurrency),
+                "--pool-idle-ttl",
+                f"{pool.idle_ttl_s:g}",
+            ]
         req = SubmitRequest(
             action_id=action_id,
             queue=queue,
@@ -761,10 +895,13 @@ class Run:
             command=command,
             labels={"headway.io/parent": parent} if parent else {},
             kube=task.env.kube,
+            environment=task.env.name if pool is not None else None,
         )
         client = await ENGINE.client(conn)
         from headway.workflows import client as hw
 
+        if pool is not None:
+            await _declare(client, conn, task.env)
         sub = await hw.submit_action(client, req)  # (it retries transient answers itself)
         answer = sub.answer
         if answer is not None and not answer.accepted:
@@ -882,6 +1019,44 @@ def run(task: TaskTemplate[P, R], *args: P.args, **kwargs: P.kwargs) -> Run:
     return RunContext().run(task, *args, **kwargs)
 
 
+class _Window:
+    """How many of ``map``'s calls may be in flight (submitted, not ended): at most
+    ``most``; a queue at its depth shrinks it to what the queue took of ours, so the
+    calls that wait are not submitted (and refused) again and again but go in as ours
+    end; it grows by one again after a window's worth of calls ended without a refusal
+    (additive increase, as TCP's congestion window)."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.cap = most
+        self.inflight = 0
+        self.calm = 0
+        self.cond = asyncio.Condition()
+
+    async def enter(self) -> None:
+        async with self.cond:
+            await self.cond.wait_for(lambda: self.inflight < self.cap)
+            self.inflight += 1
+
+    async def leave(self) -> None:
+        async with self.cond:
+            self.inflight -= 1
+            self.calm += 1
+            if self.calm >= self.cap:
+                self.cap, self.calm = min(self.most, self.cap + 1), 0
+            self.cond.notify_all()
+
+    async def refused(self, full: bool) -> bool:
+        """One call was refused; True when it must pause before it tries again (none of
+        ours is in flight to make room)."""
+        async with self.cond:
+            self.inflight -= 1
+            if full:
+                self.cap, self.calm = max(1, self.inflight), 0
+            self.cond.notify_all()
+            return self.inflight == 0
+
+
 async def map(
     task: TaskTemplate[Any, R],
     inputs: Iterable[Any],
@@ -893,9 +1068,11 @@ async def map(
     gather the results in order. Inside a task, each call is a child action of it.
 
     Every argument is serialized before the first submission (a bad one submits
-    nothing). At most ``concurrency`` calls are in flight; a submission refused by
-    ``RateLimited`` or ``QueueFull`` is retried after the time the door names
-    (backpressure), any other refusal raises.
+    nothing). At most ``concurrency`` calls are in flight (submitted, not ended).
+    Backpressure, not errors: a submission refused as ``QueueFull`` (the queue's depth)
+    is submitted again once one of this map's calls ended (the window shrinks to what
+    the queue took, and grows back as calls end without refusals), one refused as
+    ``RateLimited`` after the time the door names; any other refusal raises.
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency: {concurrency!r} must be a whole number, at least 1")
@@ -914,26 +1091,37 @@ async def map(
     encoded = [task.encode_inputs((item,), {}) for item in items]
     run_ = Run(ctx.connection, ctx.run, ctx.run_queue)
 
-    async def one(inputs_: str, gate: asyncio.Semaphore) -> R:
-        async with gate:
-            while True:
-                try:
-                    # A new id per try: a refused one is a rejected action that holds
-                    # nothing (submitting its id again races its workflow's close).
-                    action = await run_._submit(task, inputs_, parent=ctx.action_id)
-                    break
-                except SubmissionRejected as exc:
-                    if exc.reason not in ("RateLimited", "QueueDepthExceeded"):
-                        raise
+    async def one(inputs_: str, window: _Window) -> R:
+        while True:
+            await window.enter()
+            try:
+                # A new id per try: a refused one is a rejected action that holds
+                # nothing (submitting its id again races its workflow's close).
+                action = await run_._submit(task, inputs_, parent=ctx.action_id)
+                break
+            except SubmissionRejected as exc:
+                if exc.reason not in ("RateLimited", "QueueDepthExceeded"):
+                    await window.leave()
+                    raise
+                pause = await window.refused(exc.reason == "QueueDepthExceeded")
+                # Full: a slot frees when one of ours ends (``enter`` waits for it);
+                # with none of ours in flight, or rate limited, after the door's time.
+                if pause or exc.reason == "RateLimited":
                     await asyncio.sleep(exc.retry_after or 1.0)
+            except BaseException:
+                await window.leave()
+                raise
+        try:
             res = await action.outcome()
+        finally:
+            await window.leave()
         return task.decode_output(_value_of(res, action.request))
 
     async def all_() -> list[R | BaseException]:
-        gate = asyncio.Semaphore(concurrency)
+        window = _Window(concurrency)
         return list(
             await asyncio.gather(
-                *(one(i, gate) for i in encoded), return_exceptions=return_exceptions
+                *(one(i, window) for i in encoded), return_exceptions=return_exceptions
             )
         )
 

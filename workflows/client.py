@@ -45,6 +45,7 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import (
     TypedSearchAttributes,
@@ -237,14 +238,30 @@ async def _submit_action(client: Client, req: SubmitRequest) -> Submission:
     for attempt in range(6):
         try:
             return await _submit_once(client, req)
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            # The door's answer did not come back in the RPC's time (a loaded server):
+            # the workflow exists, the same submission asks it again.
+            if attempt == 5:
+                raise
+            await asyncio.sleep(0.2 * 2**attempt)
         except RPCError as err:
             # Lost track of its own answer: a loaded server whose start outlived the
             # client's deadline answers the client's own retry "not started:
             # StartDeduped" although it started the workflow. Submission is idempotent by
             # id: the same submission again finds that action.
-            transient = "StartDeduped" in str(err) or err.status in (
-                RPCStatusCode.DEADLINE_EXCEEDED,
-                RPCStatusCode.UNAVAILABLE,
+            # So is an update-with-start whose new workflow's first task failed (timed
+            # out on a loaded worker: "Workflow Task in failed state") or whose update
+            # the server aborted: the workflow exists, the same submission finds it.
+            transient = (
+                "StartDeduped" in str(err)
+                or "Workflow Task in failed state" in str(err)
+                or "update was aborted" in str(err)
+                or err.status
+                in (
+                    RPCStatusCode.DEADLINE_EXCEEDED,
+                    RPCStatusCode.UNAVAILABLE,
+                    RPCStatusCode.RESOURCE_EXHAUSTED,
+                )
             )
             if not transient or attempt == 5:
                 raise
@@ -489,6 +506,17 @@ async def upsert_queue(
     """
     arg = {**spec, "by": dict(by or changed_by())}
     return await _update(client, tenant, protocol.UPSERT_QUEUE_UPDATE, arg, fleet)
+
+
+async def declare_environment(client: Client, tenant: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Declare a reusable environment to the tenant's scheduler (``EnvironmentSpec``
+    notation: ``{name, resources, replicas, concurrency, idle_ttl}``); idempotent.
+
+    Raises:
+        temporalio.client.WorkflowUpdateFailedError: a bad field, or another shape of an
+            environment in use (the message names the fields).
+    """
+    return await _update(client, tenant, protocol.DECLARE_ENVIRONMENT_UPDATE, spec)
 
 
 async def update_queue(

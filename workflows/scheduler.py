@@ -64,12 +64,14 @@ with workflow.unsafe.imports_passed_through():
     from headway.scheduler.model import (
         ActionSpec,
         ClusterSpec,
+        EnvironmentSpec,
         OrgLimits,
         QueueSpec,
         QueueStatus,
         check_limits,
     )
     from headway.scheduler.reasons import Reason, describe
+    from headway.scheduler.scenario import environment_from_dict
     from headway.workflows.shared import (
         CONFIG_ACTIVITY,
         DISPATCH_ACTIVITY,
@@ -527,6 +529,63 @@ class SchedulerWorkflow:
     @set_org.validator
     def _validate_org(self, org: dict[str, Any]) -> None:
         _parse_org(_split_by(org)[0])
+
+    # --- inbound: reusable environments (the SDK declares them at first submit) -----
+
+    @workflow.update(name=protocol.DECLARE_ENVIRONMENT_UPDATE)
+    async def declare_environment(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Declare a reusable environment (``EnvironmentSpec.to_dict()`` notation, as a
+        scenario's ``environments:`` entry); returns it as declared. Idempotent: the same
+        shape again changes nothing. A different shape replaces the declared one only
+        while nothing of it exists (no pool placed, no action of it known); otherwise it
+        is refused, naming the fields that differ (the pool in place keeps its shape).
+
+        Declared environments live in the core's state (carried across continue-as-new);
+        a scheduler started afresh knows none until a submitter declares them again.
+        """
+        env = _parse_environment(spec)
+        if not self._serial:
+            _apply(lambda: self._declare(env))
+            return env.to_dict()
+        done: list[tuple[bool, Any]] = []
+
+        def declare() -> None:
+            try:
+                done.append((True, _apply(lambda: self._declare(env))))
+            except Exception as err:  # the update fails, the workflow task does not
+                done.append((False, err))
+
+        self._inbox.append(declare)
+        await workflow.wait_condition(lambda: bool(done))
+        ok, value = done[0]
+        if not ok:
+            raise value
+        return env.to_dict()
+
+    @declare_environment.validator
+    def _validate_environment(self, spec: dict[str, Any]) -> None:
+        _parse_environment(spec)
+
+    def _declare(self, env: EnvironmentSpec) -> None:
+        old = self._core.env_specs.get(env.name)
+        if old == env:
+            return
+        if old is not None:
+            in_use = env.name in self._core.envs or any(
+                a.env == env.name for a in self._core.actions.values()
+            )
+            if in_use:
+                was, now = old.to_dict(), env.to_dict()
+                diff = ", ".join(f"{k}: {was[k]!r} -> {now[k]!r}" for k in now if now[k] != was[k])
+                raise ValueError(
+                    f"environment {env.name!r} is declared with another shape and is in use"
+                    f" ({diff}); give the new shape another name, or declare it once the"
+                    " pool is torn down (idle_ttl after its last action)"
+                )
+        self._core.env_specs[env.name] = env
+        if old is not None:
+            self._core.invalidate()  # placements remembered for the old footprint
+        self._changed = True
 
     def _queue_dict(self, name: str) -> dict[str, Any] | None:
         q = self._core.queues.get(name)
@@ -1554,6 +1613,12 @@ def _parse_cluster(spec: Any) -> ClusterSpec:
         if g.count < 0:
             raise ValueError(f"node_groups[{i}].count: {g.count} must be >= 0")
     return c
+
+
+def _parse_environment(spec: Any) -> EnvironmentSpec:
+    if not isinstance(spec, dict):
+        raise ValueError(f"environment: {spec!r} is not a mapping")
+    return environment_from_dict(spec)
 
 
 def _parse_org(org: Any) -> OrgLimits:

@@ -10,6 +10,14 @@ entrypoint writes its outcome as one JSON document (``{"ok": true, "output": ...
 ``{"ok": false, "error": {"type", "message", "traceback"}}``); on Kubernetes the same
 document goes to the container's termination message. Its stdout and stderr go to
 ``<pod>.log`` next to that file.
+
+A task of a reusable environment (its command carries ``--pool NAME`` and the pool's
+shape, :class:`headway.ReusePolicy`) does not get a fresh process: it is sent to the
+environment's pool, ``replicas`` long-lived processes of ``python -m headway.sdk.run
+--serve`` started by its first task, each running up to ``concurrency`` calls at a time
+(the least busy one takes the next call; more wait for a slot). A pool left without a
+call for its ``idle_ttl`` is torn down: its processes are told to stop (stdin closed)
+and are killed if they do not. Its processes' output goes to ``pool-<name>-<i>.log``.
 """
 
 from __future__ import annotations
@@ -17,20 +25,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "OUTPUT_FILE_ENV",
+    "POOLS",
     "TASK_ENTRYPOINT",
+    "PoolShape",
     "TaskOutcome",
     "is_task_command",
     "master_port",
     "outcome_of",
+    "pool_shape",
     "run_task_process",
 ]
 
@@ -88,13 +101,17 @@ def outcome_of(exit_code: int, output_file: Path, log_file: Path) -> TaskOutcome
 async def run_task_process(
     command: list[str], env: dict[str, str], output_file: Path, log_file: Path
 ) -> TaskOutcome:
-    """Run the entrypoint of ``command`` with this interpreter until it exits.
+    """Run the entrypoint of ``command`` with this interpreter until it exits (a task of a
+    reusable environment: in its pool's processes, see :class:`_Pool`).
 
     Cancelled (the pod deleted or preempted), it kills the process's whole group first.
     """
     output_file.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         output_file.unlink()
+    shape = pool_shape(command)
+    if shape is not None:
+        return await POOLS.run(shape, command, output_file, log_file)
     argv = [sys.executable, *command[1:]]
     with log_file.open("ab") as log:
         proc = await asyncio.create_subprocess_exec(
@@ -114,3 +131,250 @@ async def run_task_process(
             await asyncio.shield(proc.wait())
         raise
     return outcome_of(code, output_file, log_file)
+
+
+# --- warm environments: pools of long-lived task processes ---------------------------------
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """A reusable environment's pool as its tasks' commands declare it. Tasks of one
+    tenant's environment share a pool only if they declare the very same shape and
+    process environment."""
+
+    tenant: str
+    name: str
+    replicas: int
+    concurrency: int
+    idle_ttl: float
+    env: tuple[str, ...]
+
+
+def _flag(command: list[str], name: str) -> str | None:
+    for i, arg in enumerate(command[:-1]):
+        if arg == name:
+            return command[i + 1]
+    return None
+
+
+def pool_shape(command: list[str]) -> PoolShape | None:
+    """The pool a task's command runs in, None for a task of its own process."""
+    name = _flag(command, "--pool")
+    if name is None or not is_task_command(command):
+        return None
+    try:
+        return PoolShape(
+            tenant=_flag(command, "--tenant") or "default",
+            name=name,
+            replicas=max(1, int(_flag(command, "--pool-replicas") or 1)),
+            concurrency=max(1, int(_flag(command, "--pool-concurrency") or 1)),
+            idle_ttl=max(0.0, float(_flag(command, "--pool-idle-ttl") or 0.0)),
+            env=tuple(command[i + 1] for i, a in enumerate(command[:-1]) if a == "--env"),
+        )
+    except ValueError:
+        return None  # not a shape: run it in a fresh process
+
+
+class _Replica:
+    """One process of a pool and the calls it runs."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path) -> None:
+        self.proc = proc
+        self.log = log
+        self.calls: dict[str, asyncio.Future[int]] = {}
+        self.reader: asyncio.Task[None] | None = None
+
+    async def read_answers(self) -> None:
+        assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            try:
+                msg = json.loads(line)
+                fut = self.calls.pop(str(msg["id"]), None)
+            except (ValueError, KeyError, TypeError):
+                continue
+            if fut is not None and not fut.done():
+                fut.set_result(int(msg.get("code", 1)))
+        # The process is gone: its calls in flight end as a process that died would.
+        code = await self.proc.wait()
+        for fut in self.calls.values():
+            if not fut.done():
+                fut.set_result(code if code else 1)
+        self.calls.clear()
+
+    @property
+    def live(self) -> bool:
+        """Its answers are still read (a call given to it now is answered, or ended
+        with the process's exit code)."""
+        return self.reader is not None and not self.reader.done()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+
+
+class _Pool:
+    """The processes of one warm environment on this cluster (see the module docstring)."""
+
+    def __init__(self, shape: PoolShape, log_dir: Path) -> None:
+        self.shape = shape
+        self.log_dir = log_dir
+        self.replicas: list[_Replica] = []
+        self.busy = 0
+        self.turn = 0
+        self.changed = asyncio.Condition()
+        self.idle: asyncio.Task[None] | None = None
+        self.closed = False
+
+    @property
+    def pids(self) -> list[int]:
+        return [r.proc.pid for r in self.replicas]
+
+    @property
+    def usable(self) -> bool:
+        """Not torn down, and a process of it still runs (one killed from outside, or
+        crashed, ends its calls in flight as a process that exits does)."""
+        return not self.closed and any(r.live for r in self.replicas)
+
+    async def start(self) -> None:
+        for i in range(self.shape.replicas):
+            log = self.log_dir / f"pool-{_safe(self.shape.name)}-{i}.log"
+            with log.open("ab") as fh:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    TASK_ENTRYPOINT,
+                    "--serve",
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=fh,
+                    start_new_session=True,
+                )
+            replica = _Replica(proc, log)
+            replica.reader = asyncio.get_running_loop().create_task(replica.read_answers())
+            self.replicas.append(replica)
+
+    async def _slot(self) -> _Replica:
+        """The least busy live replica with a free slot (ties in turn), once there is one."""
+        async with self.changed:
+            while True:
+                live = [r for r in self.replicas if r.live]
+                if not live:
+                    raise RuntimeError(f"the processes of pool {self.shape.name!r} are gone")
+                free = [r for r in live if len(r.calls) < self.shape.concurrency]
+                if free:
+                    least = min(len(r.calls) for r in free)
+                    ties = [r for r in free if len(r.calls) == least]
+                    self.turn += 1
+                    return ties[self.turn % len(ties)]
+                await self.changed.wait()
+
+    async def run(self, command: list[str], output_file: Path, log_file: Path) -> TaskOutcome:
+        if self.idle is not None:
+            self.idle.cancel()
+            self.idle = None
+        self.busy += 1
+        try:
+            replica = await self._slot()
+            rid = f"c{next(_IDS)}"
+            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            replica.calls[rid] = fut
+            with log_file.open("a") as log:
+                log.write(
+                    f"runs in pool {self.shape.name!r}, process {replica.proc.pid}"
+                    f" (its output: {replica.log})\n"
+                )
+            replica.send({"id": rid, "argv": command[3:], "output": str(output_file)})
+            try:
+                code = await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                replica.calls.pop(rid, None)
+                with contextlib.suppress(Exception):
+                    replica.send({"cancel": rid})
+                raise
+            finally:
+                async with self.changed:
+                    self.changed.notify_all()
+            return outcome_of(code, output_file, replica.log)
+        finally:
+            self.busy -= 1
+            if self.busy == 0 and not self.closed:
+                self.idle = asyncio.get_running_loop().create_task(self._expire())
+
+    async def _expire(self) -> None:
+        await asyncio.sleep(self.shape.idle_ttl)
+        if self.busy == 0:
+            POOLS.forget(self)
+            await self.stop()
+
+    async def stop(self) -> None:
+        """Tear the pool down: stdin closed (the processes stop), killed after 5 s."""
+        self.closed = True
+        for r in self.replicas:
+            if r.proc.stdin is not None:
+                with contextlib.suppress(Exception):
+                    r.proc.stdin.close()
+        for r in self.replicas:
+            try:
+                await asyncio.wait_for(asyncio.shield(r.proc.wait()), 5.0)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(r.proc.pid, signal.SIGKILL)
+                with contextlib.suppress(Exception):
+                    await r.proc.wait()
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:100]
+
+
+_IDS = itertools.count(1)
+
+
+class Pools:
+    """Every pool of this worker process, by shape."""
+
+    def __init__(self) -> None:
+        self._pools: dict[PoolShape, _Pool] = {}
+        self._starting = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def run(
+        self, shape: PoolShape, command: list[str], output_file: Path, log_file: Path
+    ) -> TaskOutcome:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            # Pools belong to the loop that started them (their pipes do): a backend run
+            # on another loop (a test's) starts its own.
+            self._pools, self._starting, self._loop = {}, asyncio.Lock(), loop
+        pool = self._pools.get(shape)
+        if pool is None or not pool.usable:
+            async with self._starting:
+                pool = self._pools.get(shape)
+                if pool is None or not pool.usable:
+                    if pool is not None:
+                        self.forget(pool)
+                        await pool.stop()  # what is left of it
+                    pool = _Pool(shape, log_file.parent)
+                    await pool.start()
+                    self._pools[shape] = pool
+        return await pool.run(command, output_file, log_file)
+
+    def forget(self, pool: _Pool) -> None:
+        if self._pools.get(pool.shape) is pool:
+            del self._pools[pool.shape]
+
+    def pids(self) -> dict[str, list[int]]:
+        """Each live pool's processes, by environment name (for tests and logs)."""
+        return {s.name: p.pids for s, p in self._pools.items()}
+
+    async def close(self) -> None:
+        """Stop every pool (the worker is stopping)."""
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            if pool.idle is not None:
+                pool.idle.cancel()
+            await pool.stop()
+
+
+#: This worker process's pools.
+POOLS = Pools()

@@ -5,6 +5,7 @@ so a submission that got as far as connecting would fail differently)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -58,6 +59,62 @@ def test_queue_names_are_checked_where_they_are_given():
         headway.ClusteredTaskEnvironment("c", headway.Resources(cpu=1), replicas=0)
     with pytest.raises(ValueError, match="memory"):
         headway.Resources(cpu=1, memory="lots")
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        pytest.param(
+            {"replicas": 0}, "ReusePolicy.replicas: 0 must be a whole number", id="no replicas"
+        ),
+        pytest.param(
+            {"replicas": 1.5},
+            "ReusePolicy.replicas: 1.5 must be a whole number",
+            id="half a replica",
+        ),
+        pytest.param(
+            {"concurrency": True},
+            "ReusePolicy.concurrency: True must be a whole number",
+            id="a flag for a concurrency",
+        ),
+        pytest.param(
+            {"idle_ttl": "5 minutes"},
+            "ReusePolicy.idle_ttl: '5 minutes' is not a duration",
+            id="a duration in words",
+        ),
+        pytest.param(
+            {"idle_ttl": -1}, "ReusePolicy.idle_ttl: -1 must be a finite duration", id="negative"
+        ),
+        pytest.param(
+            {"idle_ttl": float("nan")},
+            "ReusePolicy.idle_ttl: nan must be a finite duration",
+            id="not a number",
+        ),
+    ],
+)
+def test_a_bad_reuse_policy_names_its_field(policy: dict[str, object], message: str):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        headway.ReusePolicy(**policy)  # type: ignore[arg-type]
+
+
+def test_a_reusable_environment_declares_its_pool():
+    warm = headway.TaskEnvironment(
+        "warm",
+        headway.Resources(cpu=2, memory="1Gi"),
+        reusable=headway.ReusePolicy(replicas=2, concurrency=4, idle_ttl="5m"),
+    )
+    assert warm.environment_spec() == {
+        "name": "warm",
+        "resources": {"cpu": 2, "memory": "1Gi"},
+        "replicas": 2,
+        "concurrency": 4,
+        "idle_ttl": 300.0,
+    }
+    assert env.environment_spec() is None
+    with pytest.raises(TypeError, match=r"reusable: 2 is not a headway\.ReusePolicy"):
+        headway.TaskEnvironment("w", reusable=2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="name: 'a pool' is not the name of a reusable"):
+        headway.TaskEnvironment("a pool", reusable=headway.ReusePolicy())
 
 
 def test_override_leaves_the_task_as_it_was():
