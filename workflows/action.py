@@ -142,6 +142,10 @@ HANDBACK = "handback"
 #: that an action never circles for ever: it ends failed ``CapacityChanged``, every
 #: hand-back in its attempts.
 MAX_HANDBACKS = 5
+#: The wait before a handed-back action is requeued, doubled at each hand-back (1, 2, 4,
+#: 8, 16 s): room another tenant's pending pods hold is in a report once they bind, so a
+#: shared cluster settles instead of handing the same admission back at once.
+HANDBACK_BACKOFF_S = 1.0
 
 
 def dispatch_start_timeout() -> float:
@@ -596,11 +600,14 @@ class ActionWorkflow:
             said = f"{result.message}; handed back {self._handbacks} times before, the limit"
             return None, replace(result, message=said)
         self._handbacks += 1
+        # A moment for the cluster to settle (pods binding, its next report) before the
+        # next pass may send it there again: 1 s, then doubled. Its place stays its own.
+        delay = HANDBACK_BACKOFF_S * 2 ** (self._handbacks - 1)
         note = (
-            f"back in its queue at its place (hand-back {self._handbacks} of"
-            f" {MAX_HANDBACKS}, no retry used)"
+            f"back in its queue at its place after {delay:g}s (hand-back {self._handbacks}"
+            f" of {MAX_HANDBACKS}, no retry used)"
         )
-        return Retry(HANDBACK, 0.0, spec.pods, note), result
+        return Retry(HANDBACK, delay, spec.pods, note), result
 
     async def _retry_policy(self, req: SubmitRequest) -> QueueRetry:
         got: dict[str, Any] = await workflow.execute_local_activity(

@@ -607,13 +607,17 @@ async def why(client: Client, tenant: str, action_id: str) -> dict[str, Any]:
         st = None
     if st is not None and st.attempts and st.state not in _ENDED:
         last = st.attempts[-1]
-        if st.reason == "Retrying":
+        if st.reason == "Retrying" or (st.reason == "CapacityChanged" and last.outcome):
+            # Between two attempts (a backoff, or the pause after a hand-back).
             return {
                 "action_id": last.action_id,
                 "state": None,
-                "reason": "Retrying",
-                "reasons": ["Retrying"],
-                "message": f"attempt {last.number} ended {last.outcome}: {last.retry}",
+                "reason": st.reason,
+                "reasons": [st.reason],
+                "message": f"attempt {last.number} ended {last.outcome}: {last.message};"
+                f" {last.retry}"
+                if st.reason == "CapacityChanged"
+                else f"attempt {last.number} ended {last.outcome}: {last.retry}",
             }
         action_id = last.action_id
     out: dict[str, Any] = await h.query("why", action_id)

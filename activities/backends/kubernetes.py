@@ -817,8 +817,9 @@ class KubernetesBackend:
                     raise
             else:
                 note("created")
-                # Room it takes before the informers show it (the arbiter's next check).
-                self._unseen[(ns, name)] = (self.clock(), spec)
+                # Room it takes until the informer shows it (the arbiter's next check).
+                if (ns, name) not in self._pods:
+                    self._unseen[(ns, name)] = (self.clock(), spec)
                 return
             existing = await self._read_pod(ns, name)
             theirs = _dispatch_of(existing) if existing is not None else ""
@@ -1108,6 +1109,12 @@ class KubernetesBackend:
         return bool(node) and node in self._gone_nodes
 
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        # Seen now (or gone): its room is counted from what the informers say.
+        if kind == "SYNC":
+            for p in obj["items"]:
+                self._unseen.pop(_key(p), None)
+        else:
+            self._unseen.pop(_key(obj), None)
         if kind == "SYNC":
             fresh = {_key(p): p for p in obj["items"]}
             for key in set(self._pods) - set(fresh):

@@ -8,6 +8,7 @@ server (the test plays the kubelet), and on the simulated backend.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -15,12 +16,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from click.testing import CliRunner
 from headway.activities.backends.kubernetes import KubernetesBackend
 from headway.activities.backends.sim import SimBackend
-from headway.protocol import DemandRequest, SubmitRequest
+from headway.cli.main import cli
+from headway.protocol import DemandRequest, DispatchRequest, NodeCapacity, PodSpec, SubmitRequest
 from headway.scheduler import ClusterSpec, NodeGroup, Pod, QueueSpec
 from headway.worker.cluster import run_cluster_worker
 from headway.worker.control_plane import run_control_plane_worker
+from headway.workflows import action as action_mod
 from headway.workflows import client as hw
 from headway.workflows import shared
 from kubernetes import client as k8s
@@ -187,7 +191,13 @@ async def test_kubernetes_hands_back_when_a_foreign_pod_took_the_room_and_respec
             "waiting for room after the hand-back",
         )
         assert "CapacityChanged" in why["handed_back"], why
-        print("why hb-1:", why)
+        # As the user sees it: `headway why` and `headway describe action`.
+        said = await headway_cli(client, tenant, "why", "hb-1")
+        assert "handed_back: attempt 1 ended CapacityChanged on k8s-arb" in said, said
+        assert "reason: NoClusterCapacity" in said, said
+        described = await headway_cli(client, tenant, "describe", "action", "hb-1")
+        assert "CapacityChanged" in described and "hb-1~2" in described, described
+        print(f"$ headway why hb-1\n{said}\n$ headway describe action hb-1\n{described}")
         assert (await state_of(client, tenant, "hb-1")).state == "waiting"
         async with kube.delete("/api/v1/namespaces/others/pods/intruder") as resp:
             assert resp.status == 200
@@ -201,15 +211,17 @@ async def test_kubernetes_hands_back_when_a_foreign_pod_took_the_room_and_respec
 
         # 2. A taint without a matching toleration, then a cordon: the node is not free,
         # the action waits for room instead of being created as a pending pod.
-        for label, patch, undo in (
+        marks: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
             (
                 "taint",
-                {"spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}},
-                {"spec": {"taints": []}},
+                lambda: kube.taint("n1", [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+                lambda: kube.taint("n1", []),
             ),
-            ("cordon", {"spec": {"unschedulable": True}}, {"spec": {"unschedulable": False}}),
-        ):
-            kube.modify("nodes", None, "n1", patch)
+            ("cordon", lambda: kube.cordon("n1"), lambda: kube.cordon("n1", False)),
+            ("not-ready", lambda: kube.set_ready("n1", False), lambda: kube.set_ready("n1", True)),
+        ]
+        for label, mark, undo in marks:
+            mark()
             await until(lambda: _is(free_cpu(client, tenant, cluster), 0), f"{label}: no room")
             action = f"{label}-1"
             h = await hw.submit(client, submit_request(tenant, action, "1"))
@@ -221,7 +233,7 @@ async def test_kubernetes_hands_back_when_a_foreign_pod_took_the_room_and_respec
             )
             await asyncio.sleep(1.0)
             assert await headway_pod(kube, action) is None, label
-            kube.modify("nodes", None, "n1", undo)
+            undo()
             pod = await until(lambda a=action: headway_pod(kube, a), f"{label}: lifted, it runs")  # type: ignore[misc]
             await play_kubelet(kube, pod)
             res = await asyncio.wait_for(hw.wait_result(h), 60)
@@ -230,6 +242,16 @@ async def test_kubernetes_hands_back_when_a_foreign_pod_took_the_room_and_respec
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
         api.close()
+
+
+async def headway_cli(client: Client, tenant: str, *args: str) -> str:
+    """``headway ARGS`` against this test's server, as a user runs it (its own loop)."""
+    address = client.service_client.config.target_host
+    result = await asyncio.to_thread(
+        CliRunner().invoke, cli, ["--address", address, "--tenant", tenant, *args]
+    )
+    assert result.exit_code == 0, result.output
+    return str(result.output)
 
 
 async def _is(value: Awaitable[T], want: T) -> bool | None:
@@ -399,6 +421,88 @@ async def test_sim_hands_back_an_admission_a_cordon_made_stale(
         backend.cordon("n-0", False)
         res = await asyncio.wait_for(hw.wait_result(h), 60)
         assert res.state == "succeeded", res
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+
+
+class FickleSim(SimBackend):
+    """A cluster whose room keeps going before the pods get there: it reports room,
+    and its arbiter never finds any (the worst case the hand-back bound is for)."""
+
+    async def live_view(
+        self, req: DispatchRequest
+    ) -> tuple[list[NodeCapacity], list[PodSpec]] | None:
+        view = await super().live_view(req)
+        assert view is not None
+        nodes, pending = view
+        return [dataclasses.replace(n, free_cpu_m=0) for n in nodes], pending
+
+
+@pytest.mark.asyncio
+async def test_hand_backs_are_bounded(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = temporal_env.client
+    tenant = f"bd-{uuid.uuid4().hex[:8]}"
+    fleet = [
+        *one_node_fleet("sim-fickle"),
+        # Capacity unknown (its worker cannot see nodes): the scheduler treats it as
+        # open; its fleet entry declares 8-CPU nodes.
+        ClusterSpec(
+            "sim-blind",
+            (NodeGroup("n", 1, Pod(cpu=8000, memory=16 * GI)),),
+            reports_capacity=False,
+        ),
+    ]
+    monkeypatch.setattr(action_mod, "MAX_HANDBACKS", 2)
+    fickle = FickleSim(fleet[0], startup_s=0.05)
+    blind = SimBackend(fleet[1], startup_s=0.05)
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(
+            run_control_plane_worker(
+                client, database_url=f"sqlite:///{tmp_path / 'leases.db'}", fleet=fleet, stop=stop
+            )
+        ),
+        asyncio.create_task(
+            run_cluster_worker(client, "sim-fickle", fickle, tenants=[tenant], stop=stop)
+        ),
+        asyncio.create_task(
+            run_cluster_worker(
+                client,
+                "sim-blind",
+                blind,
+                tenants=[tenant],
+                stop=stop,
+                shapes=[g.shape for g in fleet[1].node_groups],
+            )
+        ),
+    ]
+    try:
+        await hw.ensure_scheduler(client, tenant, fleet)
+        await hw.upsert_queue(client, tenant, QueueSpec("q", clusters=("sim-fickle",)).to_dict())
+        await hw.upsert_queue(client, tenant, QueueSpec("blind", clusters=("sim-blind",)).to_dict())
+        await until(lambda: _is(free_cpu(client, tenant, "sim-fickle"), 4000), "first report")
+
+        # Room that keeps going: two hand-backs, then the third ends it.
+        h = await hw.submit(client, submit_request(tenant, "fickle-1", "1", duration_s=0.5))
+        res = await asyncio.wait_for(hw.wait_result(h), 90)
+        assert (res.state, res.reason) == ("failed", "CapacityChanged"), res
+        assert "handed back 2 times before, the limit" in res.message, res
+        st = await state_of(client, tenant, "fickle-1")
+        assert [a.outcome for a in st.attempts] == ["CapacityChanged"] * 3, st.attempts
+        assert fickle.created_count == 0
+
+        # Unknown capacity and a pod larger than every declared node shape: the same
+        # cluster would be chosen again, so it is not handed back; it ends, saying why.
+        big = dataclasses.replace(
+            submit_request(tenant, "huge-1", "100", duration_s=0.5), queue="blind"
+        )
+        res = await asyncio.wait_for(hw.wait_result(await hw.submit(client, big)), 60)
+        assert (res.state, res.reason) == ("failed", "Unschedulable"), res
+        assert "larger than every node shape" in res.message, res
+        assert blind.created_count == 0
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
