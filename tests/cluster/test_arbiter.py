@@ -318,3 +318,26 @@ async def test_kubernetes_dispatch_is_handed_back_when_a_foreign_pod_took_the_ro
         assert not [p for p in kube.live("pods") if p["metadata"]["namespace"] == "hw"]
     finally:
         await b.close()
+
+
+async def test_a_simulated_node_stays_cordoned_and_tainted_across_a_worker_restart(
+    tmp_path: Any,
+) -> None:
+    first = sim(state_dir=tmp_path)
+    first.cordon("cpu-0")
+    first.taint("gpu-0", "nvidia.com/gpu", effect="NoExecute")
+    await first.close()
+    again = sim(state_dir=tmp_path)
+    report = await again.capacity()
+    assert report.nodes is not None
+    assert {n.name: n.unusable for n in report.nodes} == {
+        "cpu-0": "node(s) were unschedulable",
+        "cpu-1": "",
+        "gpu-0": "node(s) had untolerated taint {nvidia.com/gpu: present}",
+    }
+    again.untaint("gpu-0", "nvidia.com/gpu")
+    again.set_ready("cpu-1", False)
+    report = await again.capacity()
+    assert report.nodes is not None
+    assert {n.name: n.free_cpu_m for n in report.nodes} == {"cpu-0": 0, "cpu-1": 0, "gpu-0": 32000}
+    await again.close()
