@@ -46,6 +46,7 @@ from temporalio.common import (
     TypedSearchAttributes,
 )
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from headway import protocol, telemetry
@@ -772,10 +773,18 @@ class ActionWorkflow:
             raise
         if not heard:
             handle.cancel()
-            # Not taken up: the cancel ends it at once. Taken up by a worker that went
-            # quiet: cancelled, it deletes whatever it created on its way out.
-            with contextlib.suppress(ActivityError):
-                await handle
+            # Not taken up: the cancel ends it at once. Taken up by a worker that is still
+            # there: cancelled, it deletes whatever it created on its way out.
+            try:
+                ended: ActionEvent = await handle
+            except ActivityError as err:
+                if isinstance(err.cause, ActivityTimeout):
+                    # Taken up by a worker that died before a word reached us: pods may
+                    # exist. Delete them (a worker that returns in time does) before the
+                    # action may run elsewhere; give up after the same interval.
+                    await self._delete_left(req, dispatch, admission, within_s=limit)
+            else:
+                return ended  # it ran and ended meanwhile, its events lost: that stands
             return ActionEvent(
                 dispatch.action_id,
                 ActionEventKind.CAPACITY_CHANGED,
@@ -873,7 +882,12 @@ class ActionWorkflow:
         self._end("cancelled", "Cancelled")
 
     async def _delete_left(
-        self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission
+        self,
+        req: SubmitRequest,
+        dispatch: DispatchRequest,
+        admission: Admission,
+        *,
+        within_s: float = 600.0,
     ) -> None:
         # Cancelling the run activity deleted the pods; make sure nothing is left.
         try:
@@ -883,7 +897,7 @@ class ActionWorkflow:
                 summary=f"delete the pods of {req.action_id} on {admission.cluster}",
                 task_queue=protocol.cluster_task_queue(admission.cluster),
                 start_to_close_timeout=timedelta(minutes=2),
-                schedule_to_close_timeout=timedelta(minutes=10),
+                schedule_to_close_timeout=timedelta(seconds=within_s),
             )
         except ActivityError as err:
             # Still cancelled: the run activity's own cancellation deleted the pods;

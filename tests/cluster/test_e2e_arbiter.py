@@ -506,3 +506,64 @@ async def test_hand_backs_are_bounded(
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+
+
+class WedgedSim(SimBackend):
+    """Creates the pods, then its worker wedges: no event, no heartbeat ever follows."""
+
+    async def create_pods(
+        self, req: DispatchRequest, *, dispatch: str = "", adopt_only: bool = False
+    ) -> list[str]:
+        names = await super().create_pods(req, dispatch=dispatch, adopt_only=adopt_only)
+        if req.action_id == "wedged-1":
+            await asyncio.Event().wait()
+        return names
+
+
+@pytest.mark.asyncio
+async def test_a_dispatch_whose_worker_wedged_after_creating_is_deleted_then_handed_back(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = temporal_env.client
+    tenant = f"wd-{uuid.uuid4().hex[:8]}"
+    fleet = one_node_fleet("sim-wedged")
+    monkeypatch.setattr(shared.HEALTH, "cluster_silent_s", 4.0)
+    backend = WedgedSim(fleet[0], startup_s=0.05)
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(
+            run_control_plane_worker(
+                client,
+                database_url=f"sqlite:///{tmp_path / 'leases.db'}",
+                fleet=fleet,
+                stop=stop,
+                cluster_silent_s=4.0,
+            )
+        ),
+        asyncio.create_task(
+            run_cluster_worker(
+                client, "sim-wedged", backend, tenants=[tenant], stop=stop, resync_s=1.0
+            )
+        ),
+    ]
+    try:
+        await hw.ensure_scheduler(client, tenant, fleet)
+        await hw.upsert_queue(client, tenant, QueueSpec("q").to_dict())
+        await until(lambda: _is(free_cpu(client, tenant, "sim-wedged"), 4000), "first report")
+        h = await hw.submit(client, submit_request(tenant, "wedged-1", "1", duration_s=600))
+        await until(lambda: _when(_pods(backend, "wedged-1"), bool), "its pod created")
+        # Nothing reaches the workflow: 4 s later it cancels; the wedged attempt never
+        # answers, so its heartbeat timeout (30 s) ends it; its pods are deleted (the
+        # worker's delete activity), and only then is the admission handed back.
+        st = await until(
+            lambda: _when(state_of(client, tenant, "wedged-1"), lambda s: len(s.attempts) > 1),
+            "the hand-back",
+            timeout=90,
+        )
+        assert st.attempts[0].outcome == "CapacityChanged", st.attempts
+        assert backend.pods("wedged-1") == {}, "the first attempt's pods are gone"
+        await hw.cancel(client, tenant, "wedged-1")
+        assert (await asyncio.wait_for(hw.wait_result(h), 60)).state == "cancelled"
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
