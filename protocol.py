@@ -196,6 +196,11 @@ class DispatchRequest:
     queue: str = ""
     #: Per-action Kubernetes options (None: none given).
     kube: KubeOptions | None = None
+    #: Revision 5+: the worker checks the admission against its live view before it
+    #: creates anything and, when the pods no longer fit, hands it back (returns a
+    #: ``CapacityChanged`` event) instead of leaving them pending. False (older
+    #: workflows, which cannot requeue): it creates the pods as before.
+    handback: bool = False
 
 
 class ActionEventKind(StrEnum):
@@ -219,6 +224,12 @@ class ActionEventKind(StrEnum):
     #: Decided by the control plane, never reported by a worker: the pods were not all
     #: running within the queue's ``ready_timeout`` after dispatch (deleted since).
     NOT_READY = "NotReady"
+    #: The cluster worker, the final arbiter of its cluster, found that the admitted pods
+    #: no longer fit its live view (room taken, a node cordoned, tainted or NotReady) and
+    #: created nothing; or no worker of the cluster took the dispatch in time. The action
+    #: goes back to its queue at its place (revision 5+). Returned by ``run_action``,
+    #: never signalled.
+    CAPACITY_CHANGED = "CapacityChanged"
 
 
 #: Event kinds after which the action is over.
@@ -268,6 +279,10 @@ class NodeCapacity:
     free_memory: int = 0
     free_ephemeral_storage: int = 0
     free_gpu: int = 0
+    #: Why the node takes no new pods ("" it does): it is then reported with nothing
+    #: free, in the kube-scheduler's words (``node(s) were unschedulable``, ``node(s)
+    #: had untolerated taint {nvidia.com/gpu: present}``, ``node(s) were not ready``).
+    unusable: str = ""
 
 
 @dataclass
@@ -327,7 +342,10 @@ ACTION_WORKFLOW = "ActionWorkflow"
 #: finds the pods deleted after they ended does not turn success into PodLost).
 #: Revision 4 retries by failure class (the queue's ``retry`` policy): each attempt after
 #: the first is a lease and a dispatch of its own, as ``<action_id>~<n>`` (issue #23).
-ACTION_REVISION = 4
+#: Revision 5 lets the cluster worker hand an admission back (``DispatchRequest.handback``,
+#: ``CapacityChanged``): the action returns to its queue at its place without using its
+#: retry budget; and a dispatch no worker takes up in time is handed back too (#22).
+ACTION_REVISION = 5
 SCHEDULER_WORKFLOW = "SchedulerWorkflow"
 
 #: Cluster-local activity, on ``cluster_task_queue(cluster)``: creates the action's pods

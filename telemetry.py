@@ -136,6 +136,19 @@ class Telemetry:
             unit="{attempt}",
             description="run_action attempts after the first (a worker lost mid-action)",
         )
+        self.handbacks = m.create_counter(
+            "headway.action.handbacks",
+            unit="{dispatch}",
+            description="Admissions a cluster worker handed back instead of creating pods"
+            " (the pods no longer fit its live view), by kind: CapacityChanged (requeued)"
+            " or Unschedulable (larger than every declared node shape)",
+        )
+        self.ready_timeouts = m.create_counter(
+            "headway.action.ready_timeouts",
+            unit="{attempt}",
+            description="Attempts whose pods were not all running within the queue's"
+            " ready_timeout after dispatch (deleted, NotReady)",
+        )
         self.eta_error = m.create_histogram(
             "headway.start_estimate.error",
             unit="s",
@@ -234,6 +247,15 @@ class Telemetry:
 
     def record_retry(self, cluster: str) -> None:
         self.retries.add(1, {"cluster": cluster})
+
+    def record_handback(self, cluster: str, kind: str) -> None:
+        """A cluster worker handed an admission back (``CapacityChanged`` or
+        ``Unschedulable``) instead of creating its pods."""
+        self.handbacks.add(1, {"cluster": cluster, "kind": kind})
+
+    def record_ready_timeout(self, tenant: str, queue: str, cluster: str) -> None:
+        """An attempt's pods were not all running within its queue's ready timeout."""
+        self.ready_timeouts.add(1, {"tenant": tenant, "queue": queue, "cluster": cluster})
 
     def update_queue_stats(
         self, tenant: str, stats: Mapping[str, Mapping[str, Any]], now: float | None = None

@@ -51,9 +51,11 @@ from headway.protocol import (
     ActionEventKind,
     DispatchRequest,
 )
+from headway.scheduler.resources import Pod
 from temporalio import activity
 from temporalio.client import Client
 
+from .arbiter import Verdict, larger_than_shapes, misfit
 from .backends.base import ClusterBackend, PodRecord
 
 __all__ = [
@@ -236,6 +238,10 @@ class ClusterActivities:
         signaler: Override how events reach the workflow (tests, other transports).
         delete_attempts: Tries of one pod deletion inside an activity before giving up.
         delete_backoff_s: ``(first, cap)`` of the exponential wait between those tries.
+        shapes: The node shapes the fleet declares for this cluster: what a dispatch is
+            checked against while the backend cannot see its nodes (capacity unknown).
+        refresh: Sends the given tenant's scheduler a fresh capacity report at once (the
+            worker's reporter); called after a hand-back.
 
     Raises:
         ValueError: ``delete_attempts`` below 1 or a negative backoff (named).
@@ -251,6 +257,8 @@ class ClusterActivities:
         signaler: Signaler | None = None,
         delete_attempts: int = 6,
         delete_backoff_s: tuple[float, float] = (0.5, 8.0),
+        shapes: Sequence[Pod] = (),
+        refresh: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         if delete_attempts < 1:
             raise ValueError(f"delete_attempts: {delete_attempts!r} must be at least 1")
@@ -262,7 +270,10 @@ class ClusterActivities:
         self.cleanup = cleanup
         self.delete_attempts = delete_attempts
         self.delete_backoff_s = delete_backoff_s
+        self.shapes = tuple(shapes)
+        self._refresh = refresh
         self._signaler = signaler
+        self._arbiter = asyncio.Lock()
 
     async def _signal(self, workflow_id: str, event: ActionEvent) -> bool:
         """Signal ``event`` to the action's workflow; whether the server recorded it."""
@@ -328,13 +339,27 @@ class ClusterActivities:
                         req.action_id,
                         info.attempt,
                     )
-                with telemetry.tracer().start_as_current_span(
-                    f"{'adopt' if adopt_only else 'create'} {len(req.pods)} pods on {req.cluster}",
-                    attributes={"headway.cluster": req.cluster, "headway.action": req.action_id},
-                ):
-                    names = await self.backend.create_pods(
-                        req, dispatch=dispatch, adopt_only=adopt_only
-                    )
+                arbitrate = req.handback and not adopt_only
+                verdict: Verdict | None = None
+                # One check-and-create at a time: two dispatches checked before either
+                # created would both count the same free room.
+                async with self._arbiter if arbitrate else contextlib.nullcontext():
+                    if arbitrate:
+                        verdict = await self._arbitrate(req)
+                    if verdict is None:
+                        with telemetry.tracer().start_as_current_span(
+                            f"{'adopt' if adopt_only else 'create'} {len(req.pods)} pods"
+                            f" on {req.cluster}",
+                            attributes={
+                                "headway.cluster": req.cluster,
+                                "headway.action": req.action_id,
+                            },
+                        ):
+                            names = await self.backend.create_pods(
+                                req, dispatch=dispatch, adopt_only=adopt_only
+                            )
+                if verdict is not None:
+                    return await self._hand_back(req, verdict)
                 tracker = GangTracker(req.action_id, self.backend.name, names, dispatch=dispatch)
                 for name, note in prior.pods.items():
                     if note.node:
@@ -373,6 +398,38 @@ class ClusterActivities:
         terminal = tracker.terminal
         assert terminal is not None  # the loop above exits only once the gang has ended
         return terminal
+
+    async def _arbitrate(self, req: DispatchRequest) -> Verdict | None:
+        """Whether the admitted pods fit the cluster as this worker sees it now (see
+        ``headway.activities.arbiter``); None when they do."""
+        view = await self.backend.live_view(req)
+        if view is None:
+            return larger_than_shapes(req.pods, self.shapes)
+        nodes, pending = view
+        return misfit(req.pods, nodes, pending)
+
+    async def _hand_back(self, req: DispatchRequest, verdict: Verdict) -> ActionEvent:
+        """Create nothing; the admission goes back to the action's workflow, which
+        requeues it at its place (``CapacityChanged``) or, when no waiting can make it
+        fit this cluster, ends it ``Unschedulable``. The tenant's scheduler gets a fresh
+        report at once, so its next pass decides on what this worker saw."""
+        kind = (
+            ActionEventKind.UNSCHEDULABLE if verdict.permanent else ActionEventKind.CAPACITY_CHANGED
+        )
+        log.warning("%s: handed back (%s): %s", req.action_id, kind, verdict.message)
+        telemetry.get().record_handback(req.cluster, str(kind))
+        if self._refresh is not None:
+            try:
+                await self._refresh(req.tenant)
+            except Exception as exc:  # the periodic report comes anyway
+                log.warning("fresh capacity report to %s failed: %s", req.tenant, exc)
+        return ActionEvent(
+            action_id=req.action_id,
+            kind=kind,
+            cluster=self.backend.name,
+            message=f"its cluster worker created nothing: {verdict.message}",
+            observed_at=time.time(),
+        )
 
     async def _relay(self, req: DispatchRequest, tracker: GangTracker, event: ActionEvent) -> None:
         for out in tracker.observe(event):

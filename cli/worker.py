@@ -136,6 +136,17 @@ def _metrics_interval() -> float:
     help="How long the record of a finished action is kept for `headway export workload`"
     " and `headway review` (7d, 12h, or forever). [env HEADWAY_HISTORY_RETENTION]",
 )
+@click.option(
+    "--cluster-silent",
+    "cluster_silent",
+    envvar="HEADWAY_CLUSTER_SILENT",
+    default="90s",
+    show_default=True,
+    help="A cluster whose worker has said nothing this long is down: nothing new is"
+    " dispatched there, and a dispatch its worker has not taken up within it is handed"
+    " back to its queue (90, 90s, 5m). Schedulers take it when they start or continue"
+    " as new. [env HEADWAY_CLUSTER_SILENT]",
+)
 @_metrics_port_option
 @click.pass_context
 def control_plane(
@@ -145,10 +156,21 @@ def control_plane(
     admit_wait_s: float | None,
     contended_rate: float,
     history_retention: str,
+    cluster_silent: str,
     metrics_port: int | None,
 ) -> None:
     """The control plane: shard schedulers, action workflows and their activities."""
+    from headway.scheduler.model import parse_seconds
     from headway.store.history import history_retention as parse_retention
+
+    try:
+        cluster_silent_s = parse_seconds(cluster_silent, "--cluster-silent")
+        if cluster_silent_s <= 0:
+            raise ValueError(f"--cluster-silent: {cluster_silent!r} must be more than 0")
+    except ValueError as exc:
+        raise click.BadParameter(
+            str(exc).split(": ", 1)[-1], param_hint="--cluster-silent"
+        ) from None
 
     try:
         parse_retention(history_retention)
@@ -190,6 +212,7 @@ def control_plane(
                 seed_tenant=cfg.tenant,
                 on_ready=ready,
                 history_retention=history_retention,
+                cluster_silent_s=cluster_silent_s,
             )
         finally:
             stop.set()
@@ -329,7 +352,9 @@ def cluster(
             f" tenant{'s' if len(tenants) > 1 else ''} {', '.join(tenants)}{metrics}",
             err=True,
         )
-        await run_cluster_worker(client, name, impl, tenants=tenants, stop=stop)
+        # What a dispatch is checked against while the backend cannot see its nodes.
+        shapes = [g.shape for g in entry.node_groups] if entry is not None else []
+        await run_cluster_worker(client, name, impl, tenants=tenants, stop=stop, shapes=shapes)
 
     if backend == "kubernetes":
         _check_kube_config(kubeconfig, kube_context)

@@ -60,6 +60,21 @@ class Reason(StrEnum):
     gone by the reservation (nor fit in EASY's extra)."""
     EnvironmentBusy = "EnvironmentBusy"
     """The warm environment the action runs in is at ``replicas x concurrency``."""
+    # --- the cluster: health, and the cluster worker as the final arbiter -------------
+    ClusterDown = "ClusterDown"
+    """Every cluster the queue may use is down: its worker has not been heard from for the
+    control plane's silence interval (``--cluster-silent``, 90 s by default), or it was
+    marked unhealthy. Nothing is dispatched there; the cluster is up again with its
+    worker's next capacity report (its running actions are adopted). Restarting the
+    cluster's worker, or letting the queue use another cluster, unblocks it."""
+    CapacityChanged = "CapacityChanged"
+    """The cluster worker, the final arbiter of its cluster, handed the admission back
+    before creating anything: the pods no longer fit its live view (another tenant's or a
+    non-Headway pod took the room, a node went, was cordoned, tainted or NotReady), or no
+    worker of the cluster took the dispatch in time. The action is back in its queue at
+    its place (its first submit time), its reservation released, no retry used, and its
+    scheduler has a fresh report. Room coming back on that cluster, or another cluster
+    the queue may use with room, lets it start; after 5 hand-backs it ends failed."""
     SchedulerError = "SchedulerError"
     """Deciding about this action made the scheduler's pass fail even after the shard
     rebuilt its state; the action was failed alone so that the rest of the tenant's work
@@ -113,6 +128,9 @@ _DOCS: dict[Reason, str] = {
     Reason.BackfillWindow: "room exists but is reserved for a blocked head and this would"
     " not finish before it",
     Reason.EnvironmentBusy: "the warm environment is fully busy",
+    Reason.ClusterDown: "every cluster this queue may use is down (its worker is silent)",
+    Reason.CapacityChanged: "the cluster worker handed the admission back: the pods no longer"
+    " fit its live view; back in its queue at its place",
     Reason.SchedulerError: "deciding about this action failed the scheduler's pass (a bug:"
     " see the scheduler workflow's log); it was failed alone",
 }

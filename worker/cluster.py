@@ -240,6 +240,7 @@ async def run_cluster_worker(
     max_concurrent_activities: int = 1000,
     incarnation: Incarnation | None = None,
     gc_interval_s: float | None = 300.0,
+    shapes: Sequence[Pod] = (),
 ) -> None:
     """Run the cluster worker of ``cluster`` until ``stop`` is set (forever if None).
 
@@ -260,6 +261,8 @@ async def run_cluster_worker(
         incarnation: This run's identity (a new one when None).
         gc_interval_s: Period of the garbage collection of ended actions' pods, which
             also runs once at start (None: at start only).
+        shapes: The node shapes the fleet file declares for the cluster: what a
+            dispatch is checked against while the backend cannot see its nodes.
     """
     stop = stop or asyncio.Event()
     me = incarnation or Incarnation()
@@ -267,7 +270,18 @@ async def run_cluster_worker(
     log.info("cluster worker %s: incarnation %s (pid %d)", cluster, me.id, os.getpid())
     await backend.start()
     try:
-        acts = ClusterActivities(backend, client, heartbeat_s=heartbeat_s)
+
+        async def refresh(tenant: str) -> None:
+            # After a hand-back: the tenant's scheduler hears at once what this worker
+            # saw (also a tenant it does not serve: it sent work here).
+            report = dataclasses.replace(
+                await backend.capacity(), incarnation=me.id, started_at=me.started_at
+            )
+            await _send_report(client, tenant, report_for(report, tenant))
+
+        acts = ClusterActivities(
+            backend, client, heartbeat_s=heartbeat_s, shapes=shapes, refresh=refresh
+        )
         worker = Worker(
             client,
             task_queue=cluster_task_queue(cluster),

@@ -136,6 +136,7 @@ async def run_control_plane_worker(
     seed_tenant: str = protocol.DEFAULT_TENANT,
     on_ready: Callable[[list[str]], None] | None = None,
     history_retention: str | None = None,
+    cluster_silent_s: float | None = None,
 ) -> None:
     """Run the control-plane worker until ``stop`` is set (or forever).
 
@@ -153,7 +154,14 @@ async def run_control_plane_worker(
         admit_wait_s: see :func:`build_control_plane_worker`.
         contended_rate: see :func:`build_control_plane_worker`.
         seed_queues, seed_tenant, on_ready: see above.
+        cluster_silent_s: how long a silent cluster worker takes to make its cluster
+            down, and a dispatch to wait for its worker before it is handed back
+            (``headway.workflows.shared.HEALTH``; None: 90 s).
     """
+    if cluster_silent_s is not None:
+        from headway.workflows.shared import HEALTH
+
+        HEALTH.cluster_silent_s = cluster_silent_s
     store = LeaseStore(database_url)
     worker = build_control_plane_worker(
         client,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -45,6 +46,7 @@ from temporalio.common import (
     TypedSearchAttributes,
 )
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from headway import protocol, telemetry
@@ -62,7 +64,7 @@ with workflow.unsafe.imports_passed_through():
     from headway.scheduler.model import RetryPolicy as QueueRetry
     from headway.scheduler.resources import Pod
     from headway.scheduler.retry import ATTEMPT_SEP, Retry, attempt_id, next_attempt
-    from headway.workflows import summary
+    from headway.workflows import shared, summary
     from headway.workflows.shared import (
         FINISH_LEASE_ACTIVITY,
         PUT_LEASE_ACTIVITY,
@@ -122,6 +124,32 @@ REASON_SIGNAL = "waiting_reason"
 
 #: Label an SDK task's child action carries: its parent action's id.
 PARENT_LABEL = "headway.io/parent"
+
+#: The ``Retry.cls`` of a hand-back: not a failure class, so no retry budget is used.
+HANDBACK = "handback"
+#: Revision 5+: hand-backs (``CapacityChanged``) an action takes before the next one
+#: ends it. Each is followed by a fresh capacity report to its scheduler, so the same
+#: cluster is chosen again only when its worker says there is room; the bound is for a
+#: cluster whose room keeps going before the pods get there (a busy shared cluster), so
+#: that an action never circles for ever: it ends failed ``CapacityChanged``, every
+#: hand-back in its attempts.
+MAX_HANDBACKS = 5
+#: The wait before a handed-back action is requeued, doubled at each hand-back (1, 2, 4,
+#: 8, 16 s): room another tenant's pending pods hold is in a report once they bind, so a
+#: shared cluster settles instead of handing the same admission back at once.
+HANDBACK_BACKOFF_S = 1.0
+
+
+def dispatch_start_timeout() -> float:
+    """Revision 5+: seconds a dispatch may wait for a word from its cluster (any event
+    of its pods, or its end) before it is handed back (``CapacityChanged``): a cluster
+    whose worker is gone never takes it. The control-plane worker's cluster silence
+    interval (``headway worker control-plane --cluster-silent``), so by then the
+    scheduler has marked the cluster down and the requeued action goes elsewhere or
+    waits with ``ClusterDown``. (A timer's duration is not part of what a replay
+    checks, so a worker configured otherwise replays the same history.)"""
+    return shared.HEALTH.silent_s()
+
 
 #: Events kept on the workflow for the ``state`` query (the oldest are dropped first,
 #: the terminal one is always kept).
@@ -290,6 +318,10 @@ class ActionWorkflow:
         # message the cluster gave about it (what a ready timeout reports).
         self._ready: set[str] = set()
         self._said = ""
+        # Revision 5+, the attempt under way: whether its cluster said anything yet; and
+        # the action's hand-backs so far (a reason of every later admission).
+        self._heard = False
+        self._handbacks = 0
 
     # --- handlers -----------------------------------------------------------------
 
@@ -316,6 +348,7 @@ class ActionWorkflow:
             del events[: len(events) - MAX_EVENTS]
         if self._attempt and event.action_id != self._attempt:
             return  # kept in the events, but an earlier attempt's end is not this one's
+        self._heard = True
         if event.message:
             self._said = event.message
         if event.kind is ActionEventKind.RUNNING and event.pod:
@@ -530,14 +563,17 @@ class ActionWorkflow:
                 result.message,
             )
             retry = None
-            if result.kind != ActionEventKind.SUCCEEDED:
+            if result.kind == ActionEventKind.CAPACITY_CHANGED:
+                retry, result = self._hand_back(result, spec)
+            elif result.kind != ActionEventKind.SUCCEEDED:
                 retry = next_attempt(
                     await self._retry_policy(req), result.kind.value, used, spec.pods
                 )
             if retry is None:
                 await self._release_ended(result)
                 return self._conclude(req, result)
-            used[retry.cls] = used.get(retry.cls, 0) + 1
+            if retry.cls != HANDBACK:  # a hand-back uses none of the retry budget
+                used[retry.cls] = used.get(retry.cls, 0) + 1
             this.retry = retry.note
             if self._terminal is None:
                 self.action_event(result)  # the attempt's end, in its history
@@ -566,6 +602,23 @@ class ActionWorkflow:
             assert self._admission is not None
             admission = self._admission
 
+    def _hand_back(self, result: ActionEvent, spec: ActionSpec) -> tuple[Retry | None, ActionEvent]:
+        """Revision 5+: an admission its cluster handed back (``CapacityChanged``): the
+        next attempt, at once and with the same pods, back at its place in its queue
+        (the first submit time stands); or, past ``MAX_HANDBACKS``, the end it is."""
+        if self._handbacks >= MAX_HANDBACKS:
+            said = f"{result.message}; handed back {self._handbacks} times before, the limit"
+            return None, replace(result, message=said)
+        self._handbacks += 1
+        # A moment for the cluster to settle (pods binding, its next report) before the
+        # next pass may send it there again: 1 s, then doubled. Its place stays its own.
+        delay = HANDBACK_BACKOFF_S * 2 ** (self._handbacks - 1)
+        note = (
+            f"back in its queue at its place after {delay:g}s (hand-back {self._handbacks}"
+            f" of {MAX_HANDBACKS}, no retry used)"
+        )
+        return Retry(HANDBACK, delay, spec.pods, note), result
+
     async def _retry_policy(self, req: SubmitRequest) -> QueueRetry:
         got: dict[str, Any] = await workflow.execute_local_activity(
             RETRY_POLICY_ACTIVITY,
@@ -583,7 +636,11 @@ class ActionWorkflow:
         st = self._status
         ended = self._attempt
         number = len(st.attempts) + 1
-        st.state, st.reason = "waiting", "Retrying"
+        # A hand-back says so while it waits (and among every reason it waited for).
+        why = "CapacityChanged" if retry.cls == HANDBACK else "Retrying"
+        if retry.cls == HANDBACK:
+            st.reasons = list(dict.fromkeys([*st.reasons, why]))
+        st.state, st.reason = "waiting", why
         self._publish()
         try:
             if retry.delay > 0:
@@ -598,7 +655,7 @@ class ActionWorkflow:
                 meta={**spec.meta, "attempt": number, "queued_at": now},
             )
             self._admission, self._terminal, self._attempt = None, None, nxt.id
-            self._ready, self._said = set(), ""
+            self._ready, self._said, self._heard = set(), "", False
             st.attempts.append(Attempt(number, nxt.id))
             await workflow.execute_local_activity(
                 REQUEUE_LEASE_ACTIVITY,
@@ -613,7 +670,11 @@ class ActionWorkflow:
             await self._release("cancelled", "cancelled", "Cancelled")
             self._end("cancelled", "Cancelled")
             raise
-        st.state, st.reason, st.cluster = "waiting", "Waiting", None
+        st.state, st.reason, st.cluster = (
+            "waiting",
+            why if retry.cls == HANDBACK else "Waiting",
+            None,
+        )
         self._publish()
         return nxt
 
@@ -630,6 +691,9 @@ class ActionWorkflow:
         st.state, st.cluster = "running", admission.cluster
         st.admitted_at = admitted_at = workflow.now().timestamp()
         st.reasons = list(admission.reasons)
+        if self._handbacks:
+            # Revision 5+: what held it includes the hand-backs before this admission.
+            st.reasons = list(dict.fromkeys([*st.reasons, "CapacityChanged"]))
         st.reason = "Admitted"
         self._publish()
         self._set_details(
@@ -658,8 +722,11 @@ class ActionWorkflow:
             # (New activity-input fields: replay does not compare activity inputs.)
             queue=req.queue,
             kube=req.kube,
+            handback=req.revision >= 5,
         )
         try:
+            if req.revision >= 5:
+                return await self._run_watched(req, dispatch, admission)
             if admission.ready_timeout is not None and self._attempt:
                 return await self._run_until_ready(
                     req, dispatch, admission, admission.ready_timeout
@@ -702,6 +769,50 @@ class ActionWorkflow:
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
 
+    async def _run_watched(
+        self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission
+    ) -> ActionEvent:
+        """Revision 5+: the run activity, handed back (``CapacityChanged``) when its
+        cluster says nothing of it within ``dispatch_start_timeout()`` (no worker took
+        it: the cluster is down), and under the queue's ready timeout when it has one."""
+        handle = self._start_run(dispatch, admission)
+        started = workflow.now().timestamp()
+        limit = dispatch_start_timeout()
+        try:
+            heard = await _within(lambda: handle.done() or self._heard, limit)
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+        if not heard:
+            handle.cancel()
+            # Not taken up: the cancel ends it at once. Taken up by a worker that is still
+            # there: cancelled, it deletes whatever it created on its way out.
+            try:
+                ended: ActionEvent = await handle
+            except ActivityError as err:
+                if isinstance(err.cause, ActivityTimeout):
+                    # Taken up by a worker that died before a word reached us: pods may
+                    # exist. Delete them (a worker that returns in time does) before the
+                    # action may run elsewhere; give up after the same interval.
+                    await self._delete_left(req, dispatch, admission, within_s=limit)
+            else:
+                return ended  # it ran and ended meanwhile, its events lost: that stands
+            return ActionEvent(
+                dispatch.action_id,
+                ActionEventKind.CAPACITY_CHANGED,
+                admission.cluster,
+                message=f"no worker of cluster {admission.cluster} took the dispatch within"
+                f" {limit:g}s (the cluster is down)",
+                observed_at=workflow.now().timestamp(),
+            )
+        if admission.ready_timeout is not None and not handle.done():
+            left = admission.ready_timeout - (workflow.now().timestamp() - started)
+            return await self._until_ready(
+                req, dispatch, admission, handle, max(left, 0.001), admission.ready_timeout
+            )
+        result: ActionEvent = await handle
+        return result
+
     async def _run_until_ready(
         self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission, timeout: float
     ) -> ActionEvent:
@@ -710,13 +821,28 @@ class ActionWorkflow:
         attempt ends ``NotReady`` with the latest message the cluster gave (e.g. ``0/3
         nodes are available: 1 Insufficient nvidia.com/gpu``)."""
         handle = self._start_run(dispatch, admission)
+        return await self._until_ready(req, dispatch, admission, handle, timeout, timeout)
+
+    async def _until_ready(
+        self,
+        req: SubmitRequest,
+        dispatch: DispatchRequest,
+        admission: Admission,
+        handle: workflow.ActivityHandle[ActionEvent],
+        left: float,
+        timeout: float,
+    ) -> ActionEvent:
+        """Wait ``left`` seconds for every pod of the started run to be running; past
+        it, the ready timeout (``timeout`` seconds after dispatch) ends the attempt."""
         want = len(dispatch.pods)
         try:
             await workflow.wait_condition(
                 lambda: handle.done() or len(self._ready) >= want,
-                timeout=timedelta(seconds=timeout),
+                timeout=timedelta(seconds=left),
             )
         except TimeoutError:
+            if not workflow.unsafe.is_replaying():
+                telemetry.get().record_ready_timeout(req.tenant, req.queue, admission.cluster)
             handle.cancel()
             # Cancelled, as asked: the run activity deleted the pods on its way out.
             with contextlib.suppress(ActivityError):
@@ -768,7 +894,12 @@ class ActionWorkflow:
         self._end("cancelled", "Cancelled")
 
     async def _delete_left(
-        self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission
+        self,
+        req: SubmitRequest,
+        dispatch: DispatchRequest,
+        admission: Admission,
+        *,
+        within_s: float = 600.0,
     ) -> None:
         # Cancelling the run activity deleted the pods; make sure nothing is left.
         try:
@@ -778,7 +909,7 @@ class ActionWorkflow:
                 summary=f"delete the pods of {req.action_id} on {admission.cluster}",
                 task_queue=protocol.cluster_task_queue(admission.cluster),
                 start_to_close_timeout=timedelta(minutes=2),
-                schedule_to_close_timeout=timedelta(minutes=10),
+                schedule_to_close_timeout=timedelta(seconds=within_s),
             )
         except ActivityError as err:
             # Still cancelled: the run activity's own cancellation deleted the pods;
@@ -922,6 +1053,15 @@ class ActionWorkflow:
             workflow.upsert_memo(
                 {"state": st.state, "reason": st.reason, "cluster": st.cluster, "queue": st.queue}
             )
+
+
+async def _within(cond: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``cond`` became true within ``seconds`` (a timer, cancelled if it did)."""
+    try:
+        await workflow.wait_condition(cond, timeout=timedelta(seconds=seconds))
+    except TimeoutError:
+        return False
+    return True
 
 
 def _pod_specs(kind: DemandKind, pods: tuple[Pod, ...], req: SubmitRequest) -> list[PodSpec]:

@@ -34,7 +34,7 @@ from headway.workflows.action import (
 )
 from headway.workflows.config import ConfigHistoryWorkflow
 from headway.workflows.scheduler import SchedulerWorkflow
-from headway.workflows.shared import NUDGE_SIGNAL, SchedulerInput
+from headway.workflows.shared import HEALTH, NUDGE_SIGNAL, SchedulerInput
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import (
@@ -448,7 +448,11 @@ async def ensure_scheduler(
     """Start the tenant's scheduler workflow if it is not running; return its handle."""
     return await client.start_workflow(
         SchedulerWorkflow.run,
-        SchedulerInput(tenant=tenant, fleet=[c.to_dict() for c in fleet]),
+        SchedulerInput(
+            tenant=tenant,
+            fleet=[c.to_dict() for c in fleet],
+            cluster_silent_s=HEALTH.cluster_silent_s,
+        ),
         id=protocol.scheduler_workflow_id(tenant),
         task_queue=protocol.CONTROL_TASK_QUEUE,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -655,16 +659,29 @@ async def why(client: Client, tenant: str, action_id: str) -> dict[str, Any]:
         st = None
     if st is not None and st.attempts and st.state not in _ENDED:
         last = st.attempts[-1]
-        if st.reason == "Retrying":
+        if st.reason == "Retrying" or (st.reason == "CapacityChanged" and last.outcome):
+            # Between two attempts (a backoff, or the pause after a hand-back).
             return {
                 "action_id": last.action_id,
                 "state": None,
-                "reason": "Retrying",
-                "reasons": ["Retrying"],
-                "message": f"attempt {last.number} ended {last.outcome}: {last.retry}",
+                "reason": st.reason,
+                "reasons": [st.reason],
+                "message": f"attempt {last.number} ended {last.outcome}: {last.message};"
+                f" {last.retry}"
+                if st.reason == "CapacityChanged"
+                else f"attempt {last.number} ended {last.outcome}: {last.retry}",
             }
         action_id = last.action_id
     out: dict[str, Any] = await h.query("why", action_id)
+    if st is not None and len(st.attempts) > 1:
+        before = st.attempts[-2]
+        if before.outcome == "CapacityChanged":
+            # Revision 5+: its cluster handed the last admission back; what it waits
+            # for now is the scheduler's answer above.
+            out["handed_back"] = (
+                f"attempt {before.number} ended CapacityChanged on {before.cluster}:"
+                f" {before.message}; {before.retry}"
+            )
     return out
 
 

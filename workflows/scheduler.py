@@ -74,9 +74,11 @@ with workflow.unsafe.imports_passed_through():
     from headway.scheduler.scenario import environment_from_dict
     from headway.workflows.shared import (
         CONFIG_ACTIVITY,
+        DEFAULT_CLUSTER_SILENT_S,
         DISPATCH_ACTIVITY,
         DONE_CHANNEL,
         FLEET_ACTIVITY,
+        HEALTH,
         NUDGE_SIGNAL,
         SET_DOOR_ACTIVITY,
         SYNC_ACTIVITY,
@@ -127,7 +129,7 @@ MAX_FAILED_ACTIONS = 8
 #: A cluster whose worker has reported before and then says nothing for this long is
 #: down: it takes no new work until it reports again (workers report on every change and
 #: at least every 30 s, ``worker.cluster.capacity_loop``).
-CLUSTER_SILENT_S = 90.0
+CLUSTER_SILENT_S = DEFAULT_CLUSTER_SILENT_S
 #: Serial runs look at the store by themselves this long after their last sync while
 #: work waits or runs (``BUSY``), else after ``IDLE``. A nudge can be lost for good: its
 #: sender flipped the store's flag, then died (or the server was down) before the signal
@@ -188,6 +190,8 @@ class SchedulerWorkflow:
         self._door_pushed = 0
         self._door_lock = asyncio.Lock()
         self._max_history = inp.max_history
+        # This run's silence interval (its input's; else CLUSTER_SILENT_S).
+        self._silent_s = inp.cluster_silent_s
         self._changed = True
         # See "One reader of inputs" above. Decided once per run, as it starts: a run
         # recorded before replays as it was written, the next run (after continue-as-new)
@@ -745,7 +749,19 @@ class SchedulerWorkflow:
     def waiting_reasons(self) -> dict[str, list[Any]]:
         """Per waiting action in the window: ``[reason, [every reason so far]]``. The
         control plane tells each action that has waited a while (for the Web UI)."""
-        return {k: [r, rs] for k, (r, rs) in self._core.waiting_reasons().items()}
+        out: dict[str, list[Any]] = {}
+        down: dict[str, str | None] = {}
+        for k, (r, rs) in self._core.waiting_reasons().items():
+            if r == Reason.NoClusterCapacity:
+                a = self._core.actions.get(k)
+                if a is not None:
+                    q = a.spec.queue
+                    if q not in down:
+                        down[q] = self._all_down(q)
+                    if down[q] is not None:
+                        r, rs = Reason.ClusterDown, list(dict.fromkeys([*rs, Reason.ClusterDown]))
+            out[k] = [r, rs]
+        return out
 
     @workflow.query(name="why")
     def why(self, action_id: str) -> dict[str, Any]:
@@ -768,6 +784,12 @@ class SchedulerWorkflow:
             "reasons": self._core.reasons(action_id),
             "message": describe(reason) if reason else "",
         }
+        a = self._core.actions.get(action_id)
+        down = self._all_down(a.spec.queue) if a is not None else None
+        if state == "waiting" and reason == Reason.NoClusterCapacity and down is not None:
+            # Not room but health: every cluster it may use is down (no worker heard).
+            out["reason"] = Reason.ClusterDown.value
+            out["message"] = f"{describe(Reason.ClusterDown)}: {down}"
         if state == "waiting":
             # What would unblock it, in numbers. Worked out on a copy: a query must not
             # touch the state (or the caches) the next pass decides with.
@@ -777,6 +799,12 @@ class SchedulerWorkflow:
             ex = explain(copy, action_id, now)
             out["details"] = ex.details
             out["unblock"] = ex.unblock
+        if out["reason"] == Reason.ClusterDown:
+            out["reasons"] = list(dict.fromkeys([*out["reasons"], Reason.ClusterDown.value]))
+            out["unblock"] = [
+                "a worker of one of these clusters reporting again (start or restart it), or"
+                " a cluster that is up added to the queue's clusters"
+            ]
         return out
 
     @workflow.query(name="org")
@@ -1414,7 +1442,7 @@ class SchedulerWorkflow:
             heard = view.get("heard_at")
             if heard is None or name in self._loop.silent or name not in self._core.clusters:
                 continue
-            if now - heard >= CLUSTER_SILENT_S and self._core.clusters[name].healthy:
+            if now - heard >= self._silent_after() and self._core.clusters[name].healthy:
                 workflow.logger.warning(
                     "cluster %s silent for %.0f s: down until it reports again", name, now - heard
                 )
@@ -1422,9 +1450,33 @@ class SchedulerWorkflow:
                 self._stats["clusters_down"] += 1
                 self._core.set_cluster_health(name, False)
 
+    def _all_down(self, queue: str) -> str | None:
+        """When every cluster ``queue`` may use is down, which and why; else None."""
+        q = self._core.queues.get(queue)
+        if q is None:
+            return None
+        sel = q.spec.clusters
+        names = [
+            n for n in (sel if sel is not None else self._core.clusters) if n in self._core.clusters
+        ]
+        if not names or any(self._core.clusters[n].healthy for n in names):
+            return None
+        now = workflow.now().timestamp()
+        said = []
+        for n in names:
+            heard = self._loop.capacity.get(n, {}).get("heard_at")
+            if n in self._loop.silent and heard is not None:
+                said.append(f"{n} (its worker silent for {now - heard:.0f}s)")
+            else:
+                said.append(f"{n} (marked unhealthy)")
+        return ", ".join(said)
+
+    def _silent_after(self) -> float:
+        return CLUSTER_SILENT_S if self._silent_s is None else self._silent_s
+
     def _silence_deadline(self) -> float | None:
         deadlines = [
-            v["heard_at"] + CLUSTER_SILENT_S
+            v["heard_at"] + self._silent_after()
             for n, v in self._loop.capacity.items()
             if v.get("heard_at") is not None and n not in self._loop.silent
         ]
@@ -1507,6 +1559,13 @@ class SchedulerWorkflow:
                 fleet=self._fleet,
                 carried=self.carried_state(),
                 max_history=self._max_history,
+                # The next run takes this worker's setting, if it has one (an input is
+                # not part of what a replay checks; the next run decides with it).
+                cluster_silent_s=(
+                    HEALTH.cluster_silent_s
+                    if HEALTH.cluster_silent_s is not None
+                    else self._silent_s
+                ),
             )
         )
 

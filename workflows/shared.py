@@ -15,10 +15,12 @@ from headway.protocol import Admission
 __all__ = [
     "CONFIG_ACTIVITY",
     "CONFIG_HISTORY_ACTIVITY",
+    "DEFAULT_CLUSTER_SILENT_S",
     "DISPATCH_ACTIVITY",
     "DONE_CHANNEL",
     "FINISH_LEASE_ACTIVITY",
     "FLEET_ACTIVITY",
+    "HEALTH",
     "NUDGE_SIGNAL",
     "PUT_LEASE_ACTIVITY",
     "PUT_LEASE_WAIT_ACTIVITY",
@@ -32,6 +34,7 @@ __all__ = [
     "DispatchResult",
     "DoorInput",
     "FinishLeaseInput",
+    "Health",
     "PutLeaseInput",
     "PutLeaseOutput",
     "RejectItem",
@@ -101,6 +104,30 @@ class SchedulerInput:
     fleet: list[dict[str, Any]] = field(default_factory=list)
     carried: dict[str, Any] | None = None
     max_history: int = 10_000
+    #: Seconds of silence after which a cluster's worker is taken for gone (None: the
+    #: scheduler's ``CLUSTER_SILENT_S``). In the input, so a run decides with one value
+    #: however its worker is configured when it replays.
+    cluster_silent_s: float | None = None
+
+
+@dataclass
+class Health:
+    """How this control-plane process judges cluster health (``headway worker
+    control-plane --cluster-silent``): the schedulers it starts or continues as new
+    take it in their input; an action's dispatch waits this long for a word from its
+    cluster before it is handed back."""
+
+    cluster_silent_s: float | None = None  # None: DEFAULT_CLUSTER_SILENT_S
+
+    def silent_s(self) -> float:
+        return DEFAULT_CLUSTER_SILENT_S if self.cluster_silent_s is None else self.cluster_silent_s
+
+
+#: A cluster whose worker has reported before and then says nothing for this long is
+#: down (workers report on every change and at least every 30 s).
+DEFAULT_CLUSTER_SILENT_S = 90.0
+#: This process's settings (the control-plane worker sets them before it polls).
+HEALTH = Health()
 
 
 @dataclass

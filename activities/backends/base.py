@@ -20,7 +20,14 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from headway.protocol import ActionEvent, ActionEventKind, CapacityReport, DispatchRequest, PodSpec
+from headway.protocol import (
+    ActionEvent,
+    ActionEventKind,
+    CapacityReport,
+    DispatchRequest,
+    NodeCapacity,
+    PodSpec,
+)
 
 __all__ = [
     "ACTION_ANNOTATION",
@@ -426,4 +433,14 @@ class ClusterBackend(Protocol):
     async def wait_capacity_change(self, since: int) -> int:
         """Block until capacity may have changed after version ``since``; return the
         current version (start with 0)."""
+        ...
+
+    async def live_view(
+        self, req: DispatchRequest
+    ) -> tuple[list[NodeCapacity], list[PodSpec]] | None:
+        """What the cluster worker arbitrates ``req`` against (``activities.arbiter``):
+        per node, what is free now for the request's pods (every pod counted; nothing on
+        a node they cannot go to, which says why in ``unusable``), and the requests of
+        Headway's pods created but not yet bound. None when the backend cannot see its
+        nodes (capacity unknown)."""
         ...

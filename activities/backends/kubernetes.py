@@ -46,6 +46,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from headway.activities.arbiter import unusable_reason
 from headway.protocol import (
     TERMINAL_EVENTS,
     ActionEvent,
@@ -112,6 +113,9 @@ _EVICTION_REASONS = frozenset({"EvictionByEvictionAPI", "TerminationByKubelet"})
 # out for someone else.
 _NODE_GONE_REASONS = frozenset({"DeletionByPodGC", "DeletionByTaintManager"})
 _FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+#: How long a pod this worker created counts as pending room before the informers show
+#: it (it normally shows within a second; one deleted unseen is forgotten after this).
+UNSEEN_TTL_S = 60.0
 
 
 # --- pod construction -------------------------------------------------------------------
@@ -871,6 +875,10 @@ class KubernetesBackend:
         self._stale_uids: set[str] = set()
         self._pods_synced = asyncio.Event()
         self.informers: dict[str, Informer] = {}
+        # Pods this worker created that the informers have not shown yet: (created at,
+        # requests), so two dispatches checked one after the other do not both count
+        # the same free room.
+        self._unseen: dict[tuple[str, str], tuple[float, PodSpec]] = {}
 
     @property
     def incarnation(self) -> str:
@@ -1051,6 +1059,9 @@ class KubernetesBackend:
                     raise
             else:
                 note("created")
+                # Room it takes until the informer shows it (the arbiter's next check).
+                if (ns, name) not in self._pods:
+                    self._unseen[(ns, name)] = (self.clock(), spec)
                 return
             existing = await self._read_pod(ns, name)
             theirs = _dispatch_of(existing) if existing is not None else ""
@@ -1395,6 +1406,12 @@ class KubernetesBackend:
         return bool(node) and node in self._gone_nodes
 
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        # Seen now (or gone): its room is counted from what the informers say.
+        if kind == "SYNC":
+            for p in obj["items"]:
+                self._unseen.pop(_key(p), None)
+        else:
+            self._unseen.pop(_key(obj), None)
         if kind == "SYNC":
             fresh = {_key(p): p for p in obj["items"]}
             for key in set(self._pods) - set(fresh):
@@ -1528,21 +1545,22 @@ class KubernetesBackend:
 
     # --- capacity -----------------------------------------------------------------------
 
-    def _node_capacity(self, node: dict[str, Any], used: tuple[int, int, int, int]) -> NodeCapacity:
+    def _node_capacity(
+        self,
+        node: dict[str, Any],
+        used: tuple[int, int, int, int],
+        tolerations: Sequence[Mapping[str, Any]] = (),
+    ) -> NodeCapacity:
         alloc = (node.get("status") or {}).get("allocatable") or {}
         labels = (node.get("metadata") or {}).get("labels") or {}
         cpu = _quantity(alloc.get("cpu", 0), parse_cpu, "cpu")
         memory = _quantity(alloc.get("memory", 0), parse_memory, "memory")
         eph = _quantity(alloc.get("ephemeral-storage", 0), parse_memory, "ephemeral-storage")
         gpu = _quantity(alloc.get(GPU_RESOURCE, 0), parse_memory, GPU_RESOURCE)
-        cordoned = bool((node.get("spec") or {}).get("unschedulable"))
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in (node.get("status") or {}).get("conditions")
-            or [{"type": "Ready", "status": "True"}]
-        )
-        # A cordoned or NotReady node takes no new pods: nothing on it is free.
-        usable = not cordoned and ready
+        # A node that takes no new pod (cordoned, NotReady, or tainted against pods like
+        # Headway's) has nothing free: counting it would admit pods that stay Pending.
+        unusable = unusable_reason(node, tolerations)
+        usable = not unusable
         return NodeCapacity(
             name=(node.get("metadata") or {}).get("name", ""),
             cpu_m=cpu,
@@ -1554,6 +1572,7 @@ class KubernetesBackend:
             free_memory=max(memory - used[1], 0) if usable else 0,
             free_ephemeral_storage=max(eph - used[2], 0) if usable else 0,
             free_gpu=max(gpu - used[3], 0) if usable else 0,
+            unusable=unusable,
         )
 
     def gpu_type_of(self, labels: Mapping[str, str]) -> str | None:
@@ -1561,32 +1580,72 @@ class KubernetesBackend:
         worker's GPU name map, so the scheduler's ``H100:8`` matches)."""
         return gpu_short_name(labels.get(self.gpu_node_label), self.gpu_names)
 
+    def free_nodes(
+        self, tolerations: Sequence[Mapping[str, Any]] = ()
+    ) -> tuple[list[NodeCapacity], list[PodSpec]] | None:
+        """The live view for the arbiter: per node, what is free for a pod with
+        ``tolerations`` (every pod on the cluster counted, any tenant's or none), and
+        the requests of Headway's pods that are created but not bound yet (they take
+        room first). None while nodes or pods cannot be read (capacity unknown)."""
+        if not (self._nodes_known and self._all_pods_known):
+            return None
+        used: dict[str, list[int]] = {}
+        pending: list[PodSpec] = []
+        # The headway informer may be ahead of the all-pods one: count each pod once,
+        # from the freshest copy.
+        pods = {**self._all_pods, **self._pods}
+        for key, pod in pods.items():
+            node = (pod.get("spec") or {}).get("nodeName")
+            phase = (pod.get("status") or {}).get("phase")
+            if phase in _FINISHED_PHASES:
+                continue
+            if not node:
+                if key in self._pods:
+                    pending.append(_requests_spec(pod))
+                continue
+            u = used.setdefault(node, [0, 0, 0, 0])
+            for i, q in enumerate(pod_requests(pod)):
+                u[i] += q
+        horizon = self.clock() - UNSEEN_TTL_S
+        for key, (at, spec) in list(self._unseen.items()):
+            if key in pods or at < horizon:
+                del self._unseen[key]
+            else:
+                pending.append(spec)
+        nodes = [
+            self._node_capacity(n, tuple(used.get(name, [0, 0, 0, 0])), tolerations)  # type: ignore[arg-type]
+            for name, n in sorted(self._nodes.items())
+        ]
+        return nodes, pending
+
+    async def live_view(
+        self, req: DispatchRequest
+    ) -> tuple[list[NodeCapacity], list[PodSpec]] | None:
+        """``free_nodes`` for the request's pods (the tolerations they are created with)."""
+        bodies = build_pods(
+            req,
+            self.namespace_of(req),
+            self.gpu_node_label,
+            gpu_names=self.gpu_names,
+            constrain=self._hints_known(req),
+        )
+        tolerations = (bodies[0].get("spec") or {}).get("tolerations") or [] if bodies else []
+        return self.free_nodes(tolerations)
+
     async def capacity(self) -> CapacityReport:
-        """Per node: allocatable, and free = allocatable - requests of non-terminal pods.
+        """Per node: allocatable, and free = allocatable - requests of non-terminal pods
+        (nothing on a node that takes no new pods: cordoned, NotReady, or with a
+        ``NoSchedule``/``NoExecute`` taint Headway's pods do not tolerate).
 
         ``nodes`` is None while nodes or pods cannot be read (not yet listed, or RBAC
         forbids it): unknown means open.
         """
         self._sequence += 1
         now = self.clock()
-        if not (self._nodes_known and self._all_pods_known):
+        view = self.free_nodes()
+        if view is None:
             return CapacityReport(self.name, None, [], self._sequence, now)
-        used: dict[str, list[int]] = {}
-        # The headway informer may be ahead of the all-pods one: count each pod once,
-        # from the freshest copy.
-        pods = {**self._all_pods, **self._pods}
-        for pod in pods.values():
-            node = (pod.get("spec") or {}).get("nodeName")
-            phase = (pod.get("status") or {}).get("phase")
-            if not node or phase in _FINISHED_PHASES:
-                continue
-            u = used.setdefault(node, [0, 0, 0, 0])
-            for i, q in enumerate(pod_requests(pod)):
-                u[i] += q
-        nodes = [
-            self._node_capacity(n, tuple(used.get(name, [0, 0, 0, 0])))  # type: ignore[arg-type]
-            for name, n in sorted(self._nodes.items())
-        ]
+        nodes, _ = view
         live: dict[tuple[str, str], bool] = {}
         for pod in self._pods.values():
             action = _action_of(pod)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headway.activities.arbiter import unusable_reason
 from headway.protocol import (
     TERMINAL_EVENTS,
     ActionEvent,
@@ -84,6 +85,23 @@ class _Node:
     order: int
     alive: bool = True
     recover_at: float | None = None  # wall time a lost node comes back (None: manual)
+    # What keeps new pods off a live node, as on Kubernetes (``cordon``, ``taint``,
+    # ``set_ready``): pods already bound run on.
+    cordoned: bool = False
+    taints: list[dict[str, str]] = field(default_factory=list)
+    ready: bool = True
+
+    def unusable(self) -> str:
+        """Why a new (toleration-less) pod cannot go here, "" when it can."""
+        return unusable_reason(
+            {
+                "spec": {"unschedulable": self.cordoned, "taints": self.taints},
+                "status": {"conditions": [{"type": "Ready", "status": str(self.ready)}]},
+            }
+        )
+
+    def marked(self) -> bool:
+        return not self.alive or self.cordoned or bool(self.taints) or not self.ready
 
 
 @dataclass
@@ -454,6 +472,54 @@ class SimBackend:
         self._bind_pending()
         self._persist()
 
+    def _node(self, node: str) -> _Node:
+        n = self._nodes.get(node)
+        if n is None:
+            raise KeyError(f"node: {node!r} is not a node of cluster {self.name}")
+        return n
+
+    def _marked(self) -> None:
+        self._changed()
+        self._bind_pending()
+        self._persist()
+
+    def cordon(self, node: str, cordoned: bool = True) -> None:
+        """Cordon ``node`` (``kubectl cordon``): its pods run on, no new pod binds there,
+        and nothing on it counts as free. ``cordoned=False`` uncordons it."""
+        self._node(node).cordoned = cordoned
+        self._marked()
+
+    def taint(self, node: str, key: str, value: str = "", effect: str = "NoSchedule") -> None:
+        """Taint ``node`` (``kubectl taint``): Headway's pods tolerate no taint, so a
+        ``NoSchedule`` or ``NoExecute`` one keeps them off it (pods bound before run on)."""
+        n = self._node(node)
+        n.taints = [t for t in n.taints if t.get("key") != key]
+        n.taints.append({"key": key, "value": value, "effect": effect})
+        self._marked()
+
+    def untaint(self, node: str, key: str) -> None:
+        """Remove every taint of ``key`` from ``node``."""
+        n = self._node(node)
+        n.taints = [t for t in n.taints if t.get("key") != key]
+        self._marked()
+
+    def set_ready(self, node: str, ready: bool) -> None:
+        """Mark ``node`` NotReady (``ready=False``: no new pods bind) or Ready again."""
+        self._node(node).ready = ready
+        self._marked()
+
+    async def live_view(
+        self, req: DispatchRequest
+    ) -> tuple[list[NodeCapacity], list[PodSpec]] | None:
+        """The arbiter's view: free per live node (nothing on a cordoned, tainted or
+        NotReady one), and pods created but not bound (none wait for long here: a pod
+        that fits binds as it is created). None when the cluster reports no capacity."""
+        if not self.spec.reports_capacity:
+            return None
+        report = await self.capacity()
+        pending = [p.spec for p in self._pods.values() if p.node is None and not p.terminal]
+        return list(report.nodes or []), pending
+
     def preempt(self, name: str) -> bool:
         """Preempt one pod by name, or every running pod of an action by action id."""
         victims = [
@@ -520,6 +586,7 @@ class SimBackend:
                 u[1] += pod.spec.memory
                 u[2] += pod.spec.ephemeral_storage
                 u[3] += pod.spec.gpu
+        # A node that takes no new pods (cordoned, tainted, NotReady) has nothing free.
         return {
             name: Pod(
                 n.shape.cpu - used[name][0],
@@ -528,6 +595,8 @@ class SimBackend:
                 n.shape.gpu - used[name][3],
                 n.shape.gpu_type,
             )
+            if not n.unusable()
+            else Pod(0, 0, 0, 0, n.shape.gpu_type)
             for name, n in self._nodes.items()
             if n.alive
         }
@@ -551,6 +620,7 @@ class SimBackend:
                 free_memory=free[name].memory,
                 free_ephemeral_storage=free[name].eph,
                 free_gpu=free[name].gpu,
+                unusable=n.unusable(),
             )
             for name, n in self._nodes.items()
             if n.alive
@@ -699,7 +769,9 @@ class SimBackend:
         # Least free GPU, then least free CPU, then node order: keeps big nodes whole for
         # the big pods still to come, as the scheduler's projection assumes.
         candidates = [
-            self._nodes[name] for name, f in free.items() if _fits(spec, self._nodes[name], f)
+            self._nodes[name]
+            for name, f in free.items()
+            if not self._nodes[name].unusable() and _fits(spec, self._nodes[name], f)
         ]
         if not candidates:
             return None
@@ -711,6 +783,9 @@ class SimBackend:
         reasons: dict[str, int] = {}
         for name, f in free.items():
             node = self._nodes[name]
+            if node.unusable():
+                reasons[node.unusable()] = reasons.get(node.unusable(), 0) + 1
+                continue
             if spec.gpu and spec.gpu_type is not None and node.shape.gpu_type != spec.gpu_type:
                 key = "node(s) didn't match Pod's node affinity/selector"
                 reasons[key] = reasons.get(key, 0) + 1
@@ -849,9 +924,15 @@ class SimBackend:
             "cluster": self.name,
             "created": self._created,
             "nodes": {
-                n.name: {"alive": n.alive, "recover_at": n.recover_at}
+                n.name: {
+                    "alive": n.alive,
+                    "recover_at": n.recover_at,
+                    "cordoned": n.cordoned,
+                    "taints": n.taints,
+                    "ready": n.ready,
+                }
                 for n in self._nodes.values()
-                if not n.alive
+                if n.marked()
             },
             "pods": [
                 {
@@ -939,8 +1020,12 @@ class SimBackend:
             self._created = int(state.get("created", 0))
             for name, n in (state.get("nodes") or {}).items():
                 if name in self._nodes:
-                    self._nodes[name].alive = bool(n["alive"])
-                    self._nodes[name].recover_at = n.get("recover_at")
+                    node = self._nodes[name]
+                    node.alive = bool(n["alive"])
+                    node.recover_at = n.get("recover_at")
+                    node.cordoned = bool(n.get("cordoned", False))
+                    node.taints = list(n.get("taints") or [])
+                    node.ready = bool(n.get("ready", True))
             for p in state.get("pods") or []:
                 pod = _SimPod(
                     name=p["name"],

@@ -254,6 +254,8 @@ def test_console_script_exits_with_the_commands_code():
         pytest.param("--admit-wait", "soon", "'soon'", id="admit-wait-not-a-number"),
         pytest.param("--contended-rate", "-5", "-5", id="negative-contended-rate"),
         pytest.param("--contended-rate", "fast", "'fast'", id="contended-rate-not-a-number"),
+        pytest.param("--cluster-silent", "0", "'0'", id="cluster-silent-of-no-time"),
+        pytest.param("--cluster-silent", "soon", "'soon'", id="cluster-silent-not-a-duration"),
     ],
 )
 def test_control_plane_worker_rejects_a_bad_setting_before_connecting(option, value, named):

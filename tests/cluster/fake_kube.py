@@ -9,10 +9,12 @@ server-side watch timeouts with bookmarks, 403 for resources a test forbids, and
 finalizers as watchers see them (a DELETE marks, the last finalizer's removal deletes). For
 fault tests it can fail the next deletes of a resource with a 500, and lose a node the
 way a cluster does (:meth:`FakeKube.lose_node`: the pod garbage collector marks the
-node's pods and deletes them, then the node goes). A test may also play kube-scheduler and
-kubelet (:meth:`FakeKube.bind_pending`, :meth:`FakeKube.run_scheduler`): pending pods are
-bound honouring scheduling gates, nodeSelector, required node affinity, taints, cordons
-and free room, spreading like the default scheduler.
+node's pods and deletes them, then the node goes), and cordon, taint or mark a node
+NotReady (:meth:`FakeKube.cordon`, :meth:`FakeKube.taint`, :meth:`FakeKube.set_ready`). A
+test may also play kube-scheduler and kubelet (:meth:`FakeKube.bind_pending`,
+:meth:`FakeKube.run_scheduler`): pending pods are bound honouring scheduling gates,
+nodeSelector, required node affinity, taints, cordons and free room, spreading like the
+default scheduler.
 """
 
 from __future__ import annotations
@@ -227,6 +229,22 @@ class FakeKube(kmock.KubernetesEmulator):
         obj = self._find(plural, namespace, name)
         obj.patch(patch)
         self._record(plural, "MODIFIED", obj.raw)
+
+    def cordon(self, node: str, cordoned: bool = True) -> None:
+        """``kubectl cordon`` (``cordoned=False``: uncordon)."""
+        self.modify("nodes", None, node, {"spec": {"unschedulable": cordoned}})
+
+    def taint(self, node: str, taints: list[dict[str, str]]) -> None:
+        """Set the node's taints (``[]`` removes them all), e.g.
+        ``[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]``."""
+        self.modify("nodes", None, node, {"spec": {"taints": taints}})
+
+    def set_ready(self, node: str, ready: bool) -> None:
+        """The node's Ready condition, as its kubelet (or the node controller) sets it."""
+        status = "True" if ready else "False"
+        self.modify(
+            "nodes", None, node, {"status": {"conditions": [{"type": "Ready", "status": status}]}}
+        )
 
     async def lose_node(self, name: str) -> list[str]:
         """Lose a node with its pods, as the pod GC does on a real cluster: each pod bound
@@ -566,6 +584,15 @@ class FakeKube(kmock.KubernetesEmulator):
         deadline = asyncio.get_running_loop().time() + timeout
         generation = self.generation
         pos = since
+
+        def key(obj: dict[str, Any]) -> tuple[str, str]:
+            meta = obj.get("metadata") or {}
+            return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+        # What this watcher sees now: an object that stops matching its selectors is
+        # DELETED for it, as kube-apiserver does (a pod turning Succeeded leaves a
+        # ``status.phase!=Succeeded`` watch).
+        shown = {key(o) for o in self.live(plural) if self._visible(request, o)}
         raw = request._raw_request
         while True:
             if self.generation != generation:
@@ -578,7 +605,14 @@ class FakeKube(kmock.KubernetesEmulator):
                 if rv > pos and p == plural:
                     pos = rv
                     if self._visible(request, obj):
+                        if kind == "DELETED":
+                            shown.discard(key(obj))
+                        else:
+                            shown.add(key(obj))
                         yield {"type": kind, "object": obj}
+                    elif key(obj) in shown:
+                        shown.discard(key(obj))
+                        yield {"type": "DELETED", "object": obj}
             pos = max(pos, self.rv)
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:

@@ -68,6 +68,12 @@ def load(name: str) -> WorkflowHistory:
         # failed NotReady (``make_retry_histories``).
         "action_retry_oom_rev4",
         "action_ready_timeout_rev4",
+        # ... and revision 5 (issue #22): an admission its cluster worker handed back
+        # (a cordon the scheduler had not heard of), run once the node is uncordoned;
+        # and a dispatch no worker took (its worker had just stopped), handed back, run
+        # when a worker returned (``make_handback_histories``).
+        "action_handback_rev5",
+        "action_handback_dead_rev5",
     ],
 )
 async def test_checked_in_histories_replay(name: str) -> None:
