@@ -149,6 +149,12 @@ class Telemetry:
             description="Attempts whose pods were not all running within the queue's"
             " ready_timeout after dispatch (deleted, NotReady)",
         )
+        self.requeues = m.create_counter(
+            "headway.action.requeues",
+            unit="{attempt}",
+            description="Attempts retried by the queue's retry policy, by failure class"
+            " (oom, lost, failed, not_ready; a hand-back is counted in handbacks)",
+        )
         self.eta_error = m.create_histogram(
             "headway.start_estimate.error",
             unit="s",
@@ -252,6 +258,10 @@ class Telemetry:
         """A cluster worker handed an admission back (``CapacityChanged`` or
         ``Unschedulable``) instead of creating its pods."""
         self.handbacks.add(1, {"cluster": cluster, "kind": kind})
+
+    def record_requeue(self, tenant: str, queue: str, cls: str) -> None:
+        """An attempt ended in a failure class its queue retries: the next is requeued."""
+        self.requeues.add(1, {"tenant": tenant, "queue": queue, "class": cls})
 
     def record_ready_timeout(self, tenant: str, queue: str, cluster: str) -> None:
         """An attempt's pods were not all running within its queue's ready timeout."""

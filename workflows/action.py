@@ -574,6 +574,8 @@ class ActionWorkflow:
                 return self._conclude(req, result)
             if retry.cls != HANDBACK:  # a hand-back uses none of the retry budget
                 used[retry.cls] = used.get(retry.cls, 0) + 1
+                if not workflow.unsafe.is_replaying():  # once per retry, as admissions
+                    telemetry.get().record_requeue(req.tenant, req.queue, retry.cls)
             this.retry = retry.note
             if self._terminal is None:
                 self.action_event(result)  # the attempt's end, in its history

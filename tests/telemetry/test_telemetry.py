@@ -46,6 +46,22 @@ def test_admissions_reasons_and_waits_are_recorded_per_queue_and_cluster() -> No
     assert points(reader, "headway.rejections")[0][1] == 1
 
 
+def test_requeues_hand_backs_and_ready_timeouts_are_counted_by_class() -> None:
+    reader = InMemoryMetricReader()
+    t = telemetry.setup("test", readers=[reader], exporter="none")
+    t.record_requeue("acme", "train", "oom")
+    t.record_requeue("acme", "train", "oom")
+    t.record_requeue("acme", "train", "lost")
+    t.record_handback("gpu-a", "CapacityChanged")
+    t.record_ready_timeout("acme", "train", "gpu-a")
+    requeues = {p[0]["class"]: p[1] for p in points(reader, "headway.action.requeues")}
+    assert requeues == {"oom": 2, "lost": 1}
+    assert points(reader, "headway.action.handbacks") == [
+        ({"cluster": "gpu-a", "kind": "CapacityChanged"}, 1)
+    ]
+    assert points(reader, "headway.action.ready_timeouts")[0][1] == 1
+
+
 def test_queue_gauges_and_blocked_head_duration() -> None:
     reader = InMemoryMetricReader()
     t = telemetry.setup("test", readers=[reader], exporter="none")
