@@ -1,7 +1,7 @@
 """Planted bugs: does the differential test against the reference catch them?
 
 Each mutation rewrites one method of the index layer (the caches and indices of
-``scheduler/core.py`` and the grouped node index of ``scheduler/fit.py``) at source level,
+``scheduler/index/``, the policy's remembered answers, and the grouped node index of ``scheduler/fit.py``) at source level,
 one at a time: a remembered answer kept when it should not be, a cache not invalidated,
 a flag not cleared. Then the differential drivers of ``test_reference_differential`` run
 against it, cheapest first, until one fails (caught: the core decided otherwise than the
@@ -186,8 +186,10 @@ MUTATIONS = [
 ]
 
 
-def _module_of(owner: type) -> ModuleType:
-    return sys.modules[owner.__module__]
+def _module_of(fn: Any) -> ModuleType:
+    """Where a method's code lives: ``Scheduler``'s methods are functions of the modules
+    of ``scheduler/`` (truth, policy, index) bound to the class, not of ``core``."""
+    return sys.modules[fn.__module__]
 
 
 @contextmanager
@@ -203,7 +205,7 @@ def planted(m: Mutation) -> Iterator[None]:
             f"{m.name}: {m.old!r} is not found exactly once in {m.owner.__name__}.{m.method}"
             " (the code moved: update the mutation)"
         )
-    mod = _module_of(m.owner)
+    mod = _module_of(fn)
     same = _compiled(mod, src, m.method)
     if getattr(same, "__func__", same).__code__.co_code != fn.__code__.co_code:
         # The file is not what was imported (edited since): the source read is not the
