@@ -90,6 +90,17 @@ class Scheduler:
         incremental: bool | None = None,
     ) -> None:
         self.incremental = INCREMENTAL if incremental is None else incremental
+        self._init_truth(org, environments)
+        self._init_index()
+        for c in clusters:
+            self.add_cluster(c)
+        for q in queues:
+            self.upsert_queue(q)
+        self._init_pass_scratch()
+
+    def _init_truth(self, org: OrgLimits | None, environments: Sequence[EnvironmentSpec]) -> None:
+        """Ground truth: what happened (``truth.py``), and the counters the control plane
+        reads."""
         self.clusters: dict[str, ClusterState] = {}
         self.queues: dict[str, _Queue] = {}
         self.org = org or OrgLimits()
@@ -116,6 +127,10 @@ class Scheduler:
         # Visits that decided only the actions appended since the last (``_visit_tail``).
         self.tail_visits = 0
         self._admissions = 0
+
+    def _init_index(self) -> None:
+        """The index layer's state kept from pass to pass (``index/``): the capacity log,
+        epochs, and remembered answers with what they were made at."""
         # Epochs: bumped whenever something a queue's visit depends on changes.
         # Which clusters' capacity changed, in order: (name, hard). A hard change (health,
         # a report, a new spec) may change more than free capacity. Queues keep their
@@ -197,11 +212,10 @@ class Scheduler:
         self._spec_ver = 0
         self._draining: list[_Queue] = []
         self._draining_at = -1
-        for c in clusters:
-            self.add_cluster(c)
-        for q in queues:
-            self.upsert_queue(q)
-        # per-pass scratch
+
+    def _init_pass_scratch(self) -> None:
+        """Per-pass scratch (emptied at the start of each ``_pass``) and the remembered
+        answers keyed by cluster version or capacity log position."""
         self._holds: dict[str, str] = {}  # cluster -> the head holding it
         self._resv: dict[str, list[_Reservation]] = {}
         self._infeasible: set[tuple[int, int]] = set()

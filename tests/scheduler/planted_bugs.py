@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from headway.scheduler import cycle
 from headway.scheduler.core import Scheduler
 from headway.scheduler.fit import ClusterState
 from hypothesis import HealthCheck, Phase, settings
@@ -50,7 +51,7 @@ from .test_reference_differential import (
 class Mutation:
     name: str
     what: str  # the bug, in words
-    owner: type  # the class whose method is rewritten
+    owner: type | ModuleType  # the class whose method is rewritten, or a module's function
     method: str
     old: str  # a snippet of its source, found exactly once
     new: str
@@ -84,16 +85,16 @@ MUTATIONS = [
     Mutation(
         "holds-not-cleared",
         "a pass starts with the last pass's holds (HeldForGang never cleared)",
-        Scheduler,
-        "_pass",
+        cycle,
+        "_begin_pass",
         "self._holds = {}",
         "self._holds = self._holds",
     ),
     Mutation(
         "noroom-not-cleared",
         "a pass starts with the last pass's 'no room for this demand' answers",
-        Scheduler,
-        "_pass",
+        cycle,
+        "_begin_pass",
         "self._noroom = set()",
         "self._noroom = self._noroom",
     ),
