@@ -407,7 +407,16 @@ def _visit(self: Scheduler, q: _Queue, now: float, out: list[Admitted]) -> int:
 def _consider(
     self: Scheduler, q: _Queue, a: _Action, v: _Visit, now: float, out: list[Admitted]
 ) -> Reason | None:
-    """Decide one action: admit it (returns None) or return why not.
+    """Decide one action: admit it (returns None) or return why not, in phases:
+
+    1. the demand: the action's pods, or its declared environment's footprint;
+    2. the gates (``_gate``, in ``GATE_ORDER``): the first that fails is the reason;
+    3. a declared environment already running: its cluster or a reason
+       (``_consider_env``);
+    4. the fit: the clusters in placement order (``_fit_order``), and the first with
+       room that no hold or reservation forbids (``_fit_walk``);
+    5. admit there (``_admit_fit``), or say why not and act as the queue's algorithm
+       says: hold, reserve, or let later actions try (``_why_not``).
 
     An answer other than an admission leaves, for ``_walk``: the clusters its fit
     found room on (``_cnames``; None: not known), its gates' answer (``_cgate``),
@@ -415,6 +424,7 @@ def _consider(
     the only place the action's estimate enters it).
     """
     self._cnames = None
+    # 1. the demand
     inst = self.envs.get(a.env) if a.env_declared and a.env else None
     if inst is not None:
         demand = _ZERO
@@ -428,6 +438,7 @@ def _consider(
         pods = a.pods
         runs = a.runs
         demand = a.usage
+    # 2. the gates
     r = self._gate(q, a, demand)
     if r is not None:
         self._cnames = _NO_CHANGE
@@ -436,67 +447,114 @@ def _consider(
         self._cread = False
         self._block(q, a, v)
         return r
-    holds = self._holds
-    resv = self._resv
+    # 3. a declared environment already running
     if inst is not None:
-        self._vfragile = True
-        c = self.clusters.get(inst.cluster)
-        if c is None or c not in v.elig:
-            r = Reason.NoClusterCapacity
-        elif v.blocked or c.name in holds:
-            r = Reason.HeldForGang
-        elif c.name in resv and self._allowed(a, now, resv[c.name], (), c) is None:
-            r = Reason.BackfillWindow
-        elif inst.active >= inst.spec.slots:
-            r = Reason.EnvironmentBusy
-        else:
-            self._admit(q, a, c, [], inst, now, out)
-            v.ver += 1
-            return None
-        self._block(q, a, v)
-        return r
-    # --- fit: clusters in placement order; the first with room that no hold or
+        return _consider_env(self, q, a, v, inst, now, out)
+    # 4. the fit: clusters in placement order; the first with room that no hold or
     # reservation forbids takes the whole gang.
     pref = a.env if a.env and not a.env_declared and a.env in self.undeclared_env else None
     dkey = a.dkey if not a.env_declared else self._dkey(pods)
     if a.env:
         # Where environments run sways the placement order: no shortcut past it.
         self._vfragile = True
-    blocked = v.blocked
-    first: str | None = None
     # The clusters with room that a walk reads, once per demand and visit: records
     # are kept only of a visit that admitted nothing, and in one capacity stood
     # still, so every walk of a demand saw the same ones (see ``_still``).
     rooms: set[str] | None = None
-    if not blocked and dkey not in self._vrooms:
+    if not v.blocked and dkey not in self._vrooms:
         rooms = self._vrooms[dkey] = set()
-    infeasible = self._infeasible
-    feasible = self._feasible
     nr_key = (q.spec.clusters, dkey)
-    checked = False  # every cluster of ``order`` is known to have room
-    # Then: their names; or none, known to have room (no order to walk).
-    names: frozenset[str] | None = None
+    order, names, checked = _fit_order(self, v, pref, nr_key, runs)
+    chosen, extras, room, first, first_block, read = _fit_walk(
+        self, a, v, order, names, checked, nr_key, dkey, runs, rooms, now
+    )
+    # 5. admit, or why not
+    if chosen is not None:
+        _admit_fit(self, q, a, v, chosen, extras, pods, runs, rooms, dkey, now, out)
+        return None
+    return _why_not(self, q, a, v, room, first, first_block, read, names, dkey, nr_key, runs, now)
+
+
+def _consider_env(
+    self: Scheduler,
+    q: _Queue,
+    a: _Action,
+    v: _Visit,
+    inst: _EnvInstance,
+    now: float,
+    out: list[Admitted],
+) -> Reason | None:
+    """Phase 3: an action of a declared environment already running goes to its
+    cluster, or waits (held, reserved, or its slots full)."""
+    holds = self._holds
+    resv = self._resv
+    self._vfragile = True
+    c = self.clusters.get(inst.cluster)
+    if c is None or c not in v.elig:
+        r = Reason.NoClusterCapacity
+    elif v.blocked or c.name in holds:
+        r = Reason.HeldForGang
+    elif c.name in resv and self._allowed(a, now, resv[c.name], (), c) is None:
+        r = Reason.BackfillWindow
+    elif inst.active >= inst.spec.slots:
+        r = Reason.EnvironmentBusy
+    else:
+        self._admit(q, a, c, [], inst, now, out)
+        v.ver += 1
+        return None
+    self._block(q, a, v)
+    return r
+
+
+def _fit_order(
+    self: Scheduler,
+    v: _Visit,
+    pref: str | None,
+    nr_key: tuple[Any, int],
+    runs: Runs,
+) -> tuple[list[ClusterState], frozenset[str] | None, bool]:
+    """Phase 4, the order: the clusters a fit walks, in placement order; the names of
+    those with room when known (none: ``_NO_CHANGE``); and whether every cluster of the
+    order is known to have room (then only holds and reservations are read)."""
     if nr_key in self._noroom:
-        order = []
-        names = _NO_CHANGE
-    elif pref is not None:
-        order = self._placement_order(v.elig, pref)
-    elif self.incremental:
+        return [], _NO_CHANGE, False
+    if pref is not None:
+        return self._placement_order(v.elig, pref), None, False
+    if self.incremental:
         # The order depends on the selector and on what was admitted (the pass
         # fixes health), and so does which clusters have room (within a pass only
         # an admission changes capacity): keep just those, once per pass, demand
         # and admission, so that walks need not ask each cluster again.
         hit = self._cands_of(nr_key, runs, v.elig)
-        order = hit.order
-        names = hit.names
-        checked = True
-    else:
-        if v.order is None or v.order_ver != self._admissions:
-            v.order = self._placement_order(v.elig, None)
-            v.order_ver = self._admissions
-        order = v.order
+        return hit.order, hit.names, True
+    if v.order is None or v.order_ver != self._admissions:
+        v.order = self._placement_order(v.elig, None)
+        v.order_ver = self._admissions
+    return v.order, None, False
+
+
+def _fit_walk(
+    self: Scheduler,
+    a: _Action,
+    v: _Visit,
+    order: list[ClusterState],
+    names: frozenset[str] | None,
+    checked: bool,
+    nr_key: tuple[Any, int],
+    dkey: int,
+    runs: Runs,
+    rooms: set[str] | None,
+    now: float,
+) -> tuple[ClusterState | None, list[_Reservation], bool, str | None, Reason | None, bool]:
+    """Phase 4, the walk: the cluster chosen (None: none) with the reservations whose
+    EASY extras it runs in; whether any cluster had room, the first that had, the
+    first reason one with room turned the action away, and whether a reservation was
+    read (the action's estimate)."""
+    holds = self._holds
+    resv = self._resv
+    first: str | None = None
     room = False
-    read = False  # a reservation was read (the action's estimate)
+    read = False
     first_block: Reason | None = None
     chosen: ClusterState | None = None
     extras: list[_Reservation] = []
@@ -508,7 +566,7 @@ def _consider(
         if order:
             room = True
             first = order[0].name
-            if not blocked:
+            if not v.blocked:
                 for c in self._unheld(nr_key, order):
                     rs = resv.get(c.name)
                     if rs:
@@ -524,9 +582,11 @@ def _consider(
                         assert names is not None
                         rooms.update(names)
                     first_block = Reason.HeldForGang if first in holds else Reason.BackfillWindow
-        order = []
+        return chosen, extras, room, first, first_block, read
+    infeasible = self._infeasible
+    feasible = self._feasible
     for c in order:
-        if c.known and not checked:
+        if c.known:
             ik = (c.index, dkey)
             if ik in infeasible:
                 continue
@@ -560,30 +620,70 @@ def _consider(
             extras = need
         chosen = c
         break
-    if chosen is not None:
-        if rooms is not None:
-            # A walk that places the action stops there: it did not read every
-            # cluster with room, so the next walk of this demand records them.
-            del self._vrooms[dkey]
-        before = chosen.version
-        if chosen.known:
-            limit = _joint_extra(extras) if extras else None
-            nodes = chosen.place(runs, commit=True, limit=limit)
-            assert nodes is not None
-            for used in extras:
-                self._use_up(used, runs, nodes)
-        else:
-            nodes = []
-        new_inst = None
-        if a.env_declared and a.env:
-            new_inst = _EnvInstance(self.env_specs[a.env], chosen.name, nodes, pods, q.spec.name)
-            self.envs[a.env] = new_inst
-            q.usage.add(new_inst.usage)
-        self._admit(q, a, chosen, nodes, new_inst, now, out)
-        if chosen.known and new_inst is None:
-            self._chain_admit(chosen, before, a.est_end)
-        v.ver += 1
-        return None
+    return chosen, extras, room, first, first_block, read
+
+
+def _admit_fit(
+    self: Scheduler,
+    q: _Queue,
+    a: _Action,
+    v: _Visit,
+    chosen: ClusterState,
+    extras: list[_Reservation],
+    pods: tuple[Pod, ...],
+    runs: Runs,
+    rooms: set[str] | None,
+    dkey: int,
+    now: float,
+    out: list[Admitted],
+) -> None:
+    """Phase 5, admitted: place the gang on ``chosen`` (in the EASY extras it runs
+    in), start its declared environment if it has one, and record the admission."""
+    if rooms is not None:
+        # A walk that places the action stops there: it did not read every
+        # cluster with room, so the next walk of this demand records them.
+        del self._vrooms[dkey]
+    before = chosen.version
+    if chosen.known:
+        limit = _joint_extra(extras) if extras else None
+        nodes = chosen.place(runs, commit=True, limit=limit)
+        assert nodes is not None
+        for used in extras:
+            self._use_up(used, runs, nodes)
+    else:
+        nodes = []
+    new_inst = None
+    if a.env_declared and a.env:
+        new_inst = _EnvInstance(self.env_specs[a.env], chosen.name, nodes, pods, q.spec.name)
+        self.envs[a.env] = new_inst
+        q.usage.add(new_inst.usage)
+    self._admit(q, a, chosen, nodes, new_inst, now, out)
+    if chosen.known and new_inst is None:
+        self._chain_admit(chosen, before, a.est_end)
+    v.ver += 1
+
+
+def _why_not(
+    self: Scheduler,
+    q: _Queue,
+    a: _Action,
+    v: _Visit,
+    room: bool,
+    first: str | None,
+    first_block: Reason | None,
+    read: bool,
+    names: frozenset[str] | None,
+    dkey: int,
+    nr_key: tuple[Any, int],
+    runs: Runs,
+    now: float,
+) -> Reason:
+    """Phase 5, not admitted: the reason (room held or reserved, or none), recorded
+    for the index layer; a head with no room anywhere then acts by its queue's
+    algorithm (``strict`` holds, ``backfill``/``easy`` reserve, ``greedy`` lets
+    later actions try)."""
+    blocked = v.blocked
+    resv = self._resv
     self._cnames = names
     self._cgate = None
     self._cread = read

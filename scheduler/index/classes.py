@@ -141,13 +141,13 @@ def _walk(
     resv = self._resv
     started = 0
     ver = v.ver
-    spec = q.spec
-    org = self.org
+    # Gates an admission can move (its counters): an answer is carried past one only
+    # if they answer as before.
     gated = (
-        spec.action_concurrency is not None
-        or spec.max_resources is not None
+        q.spec.action_concurrency is not None
+        or q.spec.max_resources is not None
         or run_gates
-        or org.max_concurrent_actions is not None
+        or self.org.max_concurrent_actions is not None
     )
     # (position, index, class, first member owed ``rr`` or -1, ``rr``): positions
     # are unique, so entries never compare past the first field.
@@ -227,19 +227,7 @@ def _walk(
             nv = v.ver
         # A state change at ``pos``: what was known holds up to here only (but for
         # answers carried past it, whose stretches stay open).
-        for oc, j0, rr, k in opened:
-            om = oc.m
-            j = bisect_right(om, pos, lo=j0, key=_POS)
-            if memo[k][0] == nv:
-                if j < len(om):
-                    heappush(heap, (om[j].pos, j, oc, j0, rr))
-                else:
-                    oc.settle(j0, j, rr)
-                continue
-            if j > j0:
-                oc.settle(j0, j, rr)
-            if j < len(om):
-                heappush(heap, (om[j].pos, j, oc, -1, None))
+        _close_stretches(heap, opened, memo, pos, nv)
         ver = nv
         opened = []
         if i + 1 < len(c.m):
@@ -247,15 +235,45 @@ def _walk(
     for oc, j0, rr, _k in opened:
         oc.settle(j0, len(oc.m), rr)
     if started:
-        for a in admitted:
-            self._unlist(q, a)
-        w = q.waiting
-        if started <= 16:
-            for a in admitted:
-                del w[bisect_left(w, a.pos, key=_POS)]
-        else:
-            q.waiting = [a for a in w if a.state == "waiting"]
+        _drop_admitted(self, q, admitted)
     return started
+
+
+def _close_stretches(
+    heap: list[tuple[int, int, _Class, int, Any]],
+    opened: list[tuple[_Class, int, Reason, Any]],
+    memo: dict[Any, list[Any]],
+    pos: int,
+    nv: int,
+) -> None:
+    """``_walk`` after a state change at ``pos`` (the state now at version ``nv``):
+    each open stretch is settled up to ``pos`` and its class is due again at its next
+    member, but for answers carried past the change, whose stretches stay open."""
+    for oc, j0, rr, k in opened:
+        om = oc.m
+        j = bisect_right(om, pos, lo=j0, key=_POS)
+        if memo[k][0] == nv:
+            if j < len(om):
+                heappush(heap, (om[j].pos, j, oc, j0, rr))
+            else:
+                oc.settle(j0, j, rr)
+            continue
+        if j > j0:
+            oc.settle(j0, j, rr)
+        if j < len(om):
+            heappush(heap, (om[j].pos, j, oc, -1, None))
+
+
+def _drop_admitted(self: Scheduler, q: _Queue, admitted: list[_Action]) -> None:
+    """The actions ``_walk`` admitted leave their classes and ``q``'s waiting list."""
+    for a in admitted:
+        self._unlist(q, a)
+    w = q.waiting
+    if len(admitted) <= 16:
+        for a in admitted:
+            del w[bisect_left(w, a.pos, key=_POS)]
+    else:
+        q.waiting = [a for a in w if a.state == "waiting"]
 
 
 def _carry(

@@ -50,23 +50,10 @@ def _held_still(
     """
     sel = q.spec.clusters
     evals = q.evals
-    hsig = q.hsig
-    if hsig is None or q.hsig_of is not evals or q.hsig_n != len(evals):
-        hsig = self._held_summary(q)
-        if hsig is None:
-            return None
-    # Queues with the same selector and demands share the verdict within a pass.
-    vk = (sel, hsig)
-    got = self._hsig_cache.get(vk)
-    if got is None:
-        got = True
-        runs_of_d = {e.dkey: e.runs for e in evals}
-        for k in hsig:
-            d = k >> 1
-            if self._any_room(sel, d, runs_of_d[d]) is not bool(k & 1):
-                got = False
-                break
-        self._hsig_cache[vk] = got
+    verdict = _held_verdict(self, q)
+    if verdict is None:
+        return None
+    hsig, got = verdict
     flips: _HeldFlips | None = None
     to_flip: list[_Eval] | None = []
     if not got:
@@ -91,18 +78,7 @@ def _held_still(
     head_went = flips is not None and rec is not None and rec.dkey in flips[1]
     rn: tuple[Any, ...] | None = None
     if rec is not None and not head_went:
-        # Records alike read alike: what ``_resv_now`` answers for a record, and
-        # the horizons it reads, depend only on the record's fields, the changed
-        # clusters, the selector, capacity and environments (the log's end and the
-        # environment epoch date them within a pass), so queues whose records are
-        # alike share one answer.
-        cap_end = self._cap_base + len(self._cap_log)
-        env = self._env_epoch
-        rk = (rec.dkey, rec.easy, rec.where, rec.time, rec.key, rec.held, sel, id(changed))
-        rn = self._resv_cache.get(rk)
-        if rn is None or rn[0] is not changed or rn[1] != cap_end or rn[2] != env:
-            rn = self._resv_answer(rec, changed, now, sel)
-            rn = self._resv_cache[rk] = (changed, cap_end, env, *rn)
+        rn = _held_resv(self, rec, changed, now, sel)
         if rn[3] is None:
             return None
     hz = q.hz
@@ -136,27 +112,84 @@ def _held_still(
         q.horizon = horizon
         q.hist_dep = q.hist_dep or hist
         q.last_hist = self._hist_epoch
-        prev = q.stale
-        hit = self._stale_last
-        if hit is None or hit[0] is not prev or hit[1] is not changed:
-            # (Held queues in a row mostly stood alike: the last answer first.)
-            sk = (id(prev), id(changed))
-            hit = self._stale_cache.get(sk)
-            if hit is None or hit[0] is not prev or hit[1] is not changed:
-                hit = self._stale_cache[sk] = (
-                    prev,
-                    changed,
-                    (
-                        frozenset(changed)
-                        if prev is None
-                        else prev
-                        if changed <= prev
-                        else prev.union(changed)
-                    ),
-                )
-            self._stale_last = hit
-        q.stale = hit[2]
+        q.stale = _stale_with(self, q.stale, changed)
     return ok
+
+
+def _held_verdict(self: Scheduler, q: _Queue) -> tuple[tuple[int, ...], bool] | None:
+    """``_held_still``'s first phase: the summary of ``q``'s fits (demand, room or
+    not), and whether each demand's answer under a held fleet is as recorded (None:
+    the fits cannot be summed up so)."""
+    sel = q.spec.clusters
+    evals = q.evals
+    hsig = q.hsig
+    if hsig is None or q.hsig_of is not evals or q.hsig_n != len(evals):
+        hsig = self._held_summary(q)
+        if hsig is None:
+            return None
+    # Queues with the same selector and demands share the verdict within a pass.
+    vk = (sel, hsig)
+    got = self._hsig_cache.get(vk)
+    if got is None:
+        got = True
+        runs_of_d = {e.dkey: e.runs for e in evals}
+        for k in hsig:
+            d = k >> 1
+            if self._any_room(sel, d, runs_of_d[d]) is not bool(k & 1):
+                got = False
+                break
+        self._hsig_cache[vk] = got
+    return hsig, got
+
+
+def _held_resv(
+    self: Scheduler,
+    rec: _ResvRecord,
+    changed: set[str] | frozenset[str],
+    now: float,
+    sel: tuple[str, ...] | None,
+) -> tuple[Any, ...]:
+    """``_held_still``'s reservation phase: ``_resv_answer`` for ``rec``, as
+    (changed, log end, environment epoch, ok or None, moved, horizon, horizons, read
+    the history).
+
+    Records alike read alike: what ``_resv_now`` answers for a record, and the
+    horizons it reads, depend only on the record's fields, the changed clusters, the
+    selector, capacity and environments (the log's end and the environment epoch date
+    them within a pass), so queues whose records are alike share one answer."""
+    cap_end = self._cap_base + len(self._cap_log)
+    env = self._env_epoch
+    rk = (rec.dkey, rec.easy, rec.where, rec.time, rec.key, rec.held, sel, id(changed))
+    rn = self._resv_cache.get(rk)
+    if rn is None or rn[0] is not changed or rn[1] != cap_end or rn[2] != env:
+        rn = self._resv_answer(rec, changed, now, sel)
+        rn = self._resv_cache[rk] = (changed, cap_end, env, *rn)
+    return rn
+
+
+def _stale_with(
+    self: Scheduler, prev: frozenset[str] | None, changed: set[str] | frozenset[str]
+) -> frozenset[str]:
+    """``q.stale`` (``prev``) joined with ``changed``: shared by the queues that stood
+    alike (held queues in a row mostly did: the last answer first)."""
+    hit = self._stale_last
+    if hit is None or hit[0] is not prev or hit[1] is not changed:
+        sk = (id(prev), id(changed))
+        hit = self._stale_cache.get(sk)
+        if hit is None or hit[0] is not prev or hit[1] is not changed:
+            hit = self._stale_cache[sk] = (
+                prev,
+                changed,
+                (
+                    frozenset(changed)
+                    if prev is None
+                    else prev
+                    if changed <= prev
+                    else prev.union(changed)
+                ),
+            )
+        self._stale_last = hit
+    return hit[2]
 
 
 def _held_flips(

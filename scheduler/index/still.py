@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from ..core import Scheduler
     from ..fit import ClusterState, Runs
-    from ..index.records import _Eval
+    from ..index.records import _Eval, _ResvRecord
     from ..truth import Admitted, _Queue
 
 
@@ -219,49 +219,77 @@ def _still(
     own: tuple[str, _Reservation] | None = None
     head_went = False
     if rec is not None:
-        # The reservation the visit would make now, which its actions after the
-        # head read where they find room. A head with room now would not reserve
-        # (and projections assume none: see ``_carried``), so that goes first.
-        clusters = self.clusters
-        holds = self._holds
-        for n in changed:
-            c = clusters.get(n)
-            if c is not None and c.healthy and self._room(c, rec.dkey, rec.runs):
-                head_went = True
-                if n not in holds:
-                    # The head would start there, or be turned away by a
-                    # reservation (which it may fit beside): not told here.
-                    ok = False
-                    break
-        if not head_went:
-            ok, moved = self._resv_now(rec, changed, now, q.spec.clusters)
-            if ok and rec.where is not None and len(q.last_resv) == 1:
-                old_name, old = q.last_resv[0]
-                own = (
-                    (old_name, old)
-                    if moved is None
-                    else (
-                        moved[0].name,
-                        _Reservation(moved[1], moved[2], old.head, shared=True),
-                    )
-                )
-        elif ok:
-            # The head is turned away where it now has room (every such cluster
-            # is held): see ``_new_head``.
-            ok = (
-                not q.mixed
-                and not rec.held
-                and not q.last_holds
-                and len(q.last_resv) == 1
-                and self._classes_as_now(q)
-                and self._evals_still(q, changed, now, None, head_went=True)
-                and self._new_head(q, now)
-            )
+        ok, moved, own, head_went = _resv_still(self, q, rec, changed, now)
     if ok and not head_went:
         ok = self._evals_still(q, changed, now, own)
     if ok and moved is not None:
         assert rec is not None
         ok = self._resv_move(q, rec, moved, changed)
+    _keep_records(self, q, ok)
+    self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
+    return ok
+
+
+def _resv_still(
+    self: Scheduler, q: _Queue, rec: _ResvRecord, changed: set[str] | frozenset[str], now: float
+) -> tuple[
+    bool,
+    tuple[ClusterState, float, ClusterState | None] | None,
+    tuple[str, _Reservation] | None,
+    bool,
+]:
+    """``_still``'s reservation phase: does the reserving head's answer stand (and
+    where its reservation moves to, and the one its actions after it read), or did the
+    head find room (then, whether the queue's answers stand under a new head)?"""
+    ok = True
+    moved: tuple[ClusterState, float, ClusterState | None] | None = None
+    own: tuple[str, _Reservation] | None = None
+    head_went = False
+    # The reservation the visit would make now, which its actions after the
+    # head read where they find room. A head with room now would not reserve
+    # (and projections assume none: see ``_carried``), so that goes first.
+    clusters = self.clusters
+    holds = self._holds
+    for n in changed:
+        c = clusters.get(n)
+        if c is not None and c.healthy and self._room(c, rec.dkey, rec.runs):
+            head_went = True
+            if n not in holds:
+                # The head would start there, or be turned away by a
+                # reservation (which it may fit beside): not told here.
+                ok = False
+                break
+    if not head_went:
+        ok, moved = self._resv_now(rec, changed, now, q.spec.clusters)
+        if ok and rec.where is not None and len(q.last_resv) == 1:
+            old_name, old = q.last_resv[0]
+            own = (
+                (old_name, old)
+                if moved is None
+                else (
+                    moved[0].name,
+                    _Reservation(moved[1], moved[2], old.head, shared=True),
+                )
+            )
+    elif ok:
+        # The head is turned away where it now has room (every such cluster
+        # is held): see ``_new_head``.
+        ok = (
+            not q.mixed
+            and not rec.held
+            and not q.last_holds
+            and len(q.last_resv) == 1
+            and self._classes_as_now(q)
+            and self._evals_still(q, changed, now, None, head_went=True)
+            and self._new_head(q, now)
+        )
+    return ok, moved, own, head_went
+
+
+def _keep_records(self: Scheduler, q: _Queue, ok: bool) -> None:
+    """``_still``'s last phase: on success, the records brought up to date as if the
+    visit had been made (reasons changed in place, holds let go); either way, the
+    held summary goes where reasons changed."""
     if ok:
         q.horizon = self._horizon
         q.hz = self._vhz
@@ -280,8 +308,6 @@ def _still(
         q.hsig = None
         if ok:
             self._held_summary(q)
-    self._horizon, self._vhist, self._vhz = outer_h, outer_hist, outer_hz
-    return ok
 
 
 def _all_held(self: Scheduler, q: _Queue) -> bool:
