@@ -165,22 +165,7 @@ def _walk(
             key = (key, c.run)
         m = memo.get(key)
         if m is not None and m[0] == ver:
-            r0: Reason = m[1]
-            if m[6]:
-                # Carried past an admission: the loop would have made the fit again
-                # here (its memo was out of date), and recorded it.
-                m[6] = False
-                g = m[5]
-                if g is not None:
-                    g.acts.append(c.m[i])
-                    if not resv:
-                        g.blind = True
-            if j0 >= 0:
-                if rr == r0:
-                    opened.append((c, j0, r0, key))
-                    continue
-                c.settle(j0, i, rr)
-            opened.append((c, i, r0, key))
+            _known(c, i, j0, rr, m, key, bool(resv), opened)
             continue
         if j0 >= 0:
             c.settle(j0, i, rr)
@@ -191,12 +176,11 @@ def _walk(
                 # An action alike but for its estimate got this answer, at this
                 # state, without reading a reservation: the fit would end as its
                 # did, for this estimate too. Recorded as the fit would have been.
-                r = b[1]
                 g = b[5]
                 if g is not None:
                     g.acts.append(a)
-                memo[key] = [ver, r, b[2], a, b[4], g, False]
-                opened.append((c, i, r, key))
+                memo[key] = [ver, b[1], b[2], a, b[4], g, False]
+                opened.append((c, i, b[1], key))
                 continue
         r = self._consider(q, a, v, now, out)
         if r is None:
@@ -237,6 +221,36 @@ def _walk(
     if started:
         _drop_admitted(self, q, admitted)
     return started
+
+
+def _known(
+    c: _Class,
+    i: int,
+    j0: int,
+    rr: Any,
+    m: list[Any],
+    key: Any,
+    resv: bool,
+    opened: list[tuple[_Class, int, Reason, Any]],
+) -> None:
+    """``_walk``: member ``i`` of class ``c`` is due and its answer is known (memo
+    entry ``m`` stands): a stretch opens at it, or the one owed since ``j0`` goes on."""
+    r0: Reason = m[1]
+    if m[6]:
+        # Carried past an admission: the loop would have made the fit again
+        # here (its memo was out of date), and recorded it.
+        m[6] = False
+        g = m[5]
+        if g is not None:
+            g.acts.append(c.m[i])
+            if not resv:
+                g.blind = True
+    if j0 >= 0:
+        if rr == r0:
+            opened.append((c, j0, r0, key))
+            return
+        c.settle(j0, i, rr)
+    opened.append((c, i, r0, key))
 
 
 def _close_stretches(

@@ -42,47 +42,25 @@ def _evals_still(
     room, may find room now; none may lose it (the head would move back).
 
     The records are updated in place as the check goes: when it fails, the queue
-    gets a full visit, which replaces them all.
+    gets a full visit, which replaces them all. In phases: (1) the changed clusters
+    with room per demand (``_changed_rooms``); (2) each fit: a blocked one asks only
+    whether there is room anywhere (``_blocked_still``), another walks every cluster
+    with room (``_walked_still``); (3) the views of the clusters read
+    (``_views_after``).
     """
-    clusters = self.clusters
-    # Queues standing at the same place in the log share ``changed`` (``_changes``)
-    # and, capacity being the same for them, which of its clusters have room.
-    hit = self._dr_cache.get(id(changed))
-    if hit is None or hit[0] is not changed:
-        ds: list[ClusterState] = []
-        for n in changed:
-            c = clusters.get(n)
-            if c is not None and c.healthy:
-                ds.append(c)
-        hit = self._dr_cache[id(changed)] = (
-            changed,
-            ds,
-            {},
-            {c.name: _order_key(c) for c in ds},
-        )
-    ds = hit[1]
-    dkeys: dict[str, tuple[Any, ...]] = hit[3]
+    ds, now_room, dkeys = _changed_rooms(self, changed)
     if not ds:
         return True
-    now_room: dict[int, list[ClusterState]] = hit[2]
     room = self._room
-    holds = self._holds
-    resv = self._resv
-    own_held = q.resv_rec.held if q.resv_rec is not None else _NO_CHANGE
     # Per demand: the clusters with room (for a fit that walks them all), as they
     # will be: the changed ones leave, those of them with room now come back.
-    rooms_of = q.rooms
-    for rs in rooms_of.values():
+    for rs in q.rooms.values():
         rs.difference_update(changed)
     # Fits whose "no room anywhere" became "room, but every cluster with it turns
     # the action away", where that only changes the reason of the members that
     # shared the answer (see ``_flip``): their records, changed as they go. Their
     # members are given the new reason once the whole check passes (``_still``).
-    algo = q.spec.algorithm
-    flips = self._flips
-    mixed = q.mixed
     acted: list[set[int]] = []  # see ``_alone``, made once if needed
-    own_name = own[0] if own is not None else None
     head_key: tuple[float, int] | None = None
     if own is not None:
         h = self.actions.get(q.blocked_head or "")
@@ -95,140 +73,268 @@ def _evals_still(
         if dr is None:
             runs = e.runs
             dr = now_room[dkey] = [c for c in ds if room(c, dkey, runs)]
-        first = e.first
         if e.blocked:
-            # Only "is there room anywhere" counts, and any cluster with room will do.
-            if first is not None and first not in changed:
-                continue
-            if dr:
-                if first is None:
-                    if (
-                        algo is not Algorithm.strict
-                        or not self._classes_as_now(q)
-                        or (mixed and not self._alone(q, e, acted))
-                    ):
-                        return False  # NoClusterCapacity would become HeldForGang
-                    e.reason = Reason.HeldForGang
-                    flips.append(e)
-                e.first = dr[0].name
-                e.fkey = None
-            elif first is not None:
-                return False  # its witness lost room: the others are not known
-            continue
-        # The walk reads every cluster with room: none may take the action, and
-        # the first in placement order gives the reason.
-        rooms = rooms_of[dkey]
-        for c in dr:
-            name = c.name
-            if name in own_held:
+            if not _blocked_still(self, q, e, dr, changed, acted):
                 return False
-            if name not in holds:
-                upr = resv.get(name)
-                if e.blind and (upr or name == own_name):
-                    # A reservation the fit did not meet: only its own actions are
-                    # known, not the others of other estimates that shared it.
-                    return False
-                if name == own_name:
-                    assert own is not None and head_key is not None
-                    # Only the actions after the head meet its reservation.
-                    with_own = [*upr, own[1]] if upr else [own[1]]
-                    for a in e.acts:
-                        after = (a.submit, a.seq) > head_key
-                        got = with_own if after else upr
-                        if not got or self._allowed(a, now, got, e.runs, c) is not None:
-                            return False  # it would start there
-                elif not upr or self._any_allowed(e.acts, now, upr, e.runs, c):
-                    return False  # it would start there
-            rooms.add(name)
-        if not rooms:
-            if first is not None:
-                # Room went: NoClusterCapacity now. That changes nothing but the
-                # reason for a greedy queue's fit, or a reserving queue's past its
-                # head (which reserved already); a strict queue's would block, a
-                # reserving queue's head (or one before it) would reserve.
-                if (
-                    algo is Algorithm.strict
-                    or head_went
-                    or not self._classes_as_now(q)
-                    or (mixed and not self._alone(q, e, acted))
-                ):
-                    return False
-                if algo is not Algorithm.greedy:
-                    if not q.last_resv:
-                        return False  # see ``_flip``
-                    h = self.actions.get(q.blocked_head or "")
-                    if h is None:
-                        return False
-                    hk = (h.submit, h.seq)
-                    for a in e.acts:
-                        if (a.submit, a.seq) <= hk:
-                            return False
-                e.reason = Reason.NoClusterCapacity
-                e.first = None
-                e.fkey = None
-                flips.append(e)
-            continue
+        elif not _walked_still(
+            self, q, e, dr, changed, dkeys, now, own, head_key, head_went, acted
+        ):
+            return False
+    _views_after(self, q, ds)
+    return True
+
+
+def _changed_rooms(
+    self: Scheduler, changed: set[str] | frozenset[str]
+) -> tuple[list[ClusterState], dict[int, list[ClusterState]], dict[str, tuple[Any, ...]]]:
+    """``_evals_still``'s first phase: the healthy clusters of ``changed``, those with
+    room per demand (filled in as asked), and their placement order keys.
+
+    Queues standing at the same place in the log share ``changed`` (``_changes``)
+    and, capacity being the same for them, which of its clusters have room."""
+    hit = self._dr_cache.get(id(changed))
+    if hit is None or hit[0] is not changed:
+        clusters = self.clusters
+        ds: list[ClusterState] = []
+        for n in changed:
+            c = clusters.get(n)
+            if c is not None and c.healthy:
+                ds.append(c)
+        hit = self._dr_cache[id(changed)] = (
+            changed,
+            ds,
+            {},
+            {c.name: _order_key(c) for c in ds},
+        )
+    return hit[1], hit[2], hit[3]
+
+
+def _blocked_still(
+    self: Scheduler,
+    q: _Queue,
+    e: _Eval,
+    dr: list[ClusterState],
+    changed: set[str] | frozenset[str],
+    acted: list[set[int]],
+) -> bool:
+    """A blocked fit: only "is there room anywhere" counts, and any cluster with room
+    will do (``dr``: the changed ones with room now)."""
+    first = e.first
+    if first is not None and first not in changed:
+        return True
+    if dr:
         if first is None:
-            if not self._classes_as_now(q) or (mixed and not self._alone(q, e, acted)):
-                return False  # a reason changed in place (see ``_flip``)
-            if algo is Algorithm.strict:
-                # The head's fit (a strict queue's only one before its block): it
-                # blocks all the same, only without holding clusters.
-                self._unhold = True
-            elif algo is not Algorithm.greedy:
-                # Past a reserving queue's head, as past a strict one's block; the
-                # head's own fit would not reserve any more.
-                if not q.last_resv:
-                    return False  # see ``_flip``
-                head = q.blocked_head
+            if (
+                q.spec.algorithm is not Algorithm.strict
+                or not self._classes_as_now(q)
+                or (q.mixed and not self._alone(q, e, acted))
+            ):
+                return False  # NoClusterCapacity would become HeldForGang
+            e.reason = Reason.HeldForGang
+            self._flips.append(e)
+        e.first = dr[0].name
+        e.fkey = None
+    elif first is not None:
+        return False  # its witness lost room: the others are not known
+    return True
+
+
+def _walked_still(
+    self: Scheduler,
+    q: _Queue,
+    e: _Eval,
+    dr: list[ClusterState],
+    changed: set[str] | frozenset[str],
+    dkeys: dict[str, tuple[Any, ...]],
+    now: float,
+    own: tuple[str, _Reservation] | None,
+    head_key: tuple[float, int] | None,
+    head_went: bool,
+    acted: list[set[int]],
+) -> bool:
+    """A fit that walked every cluster with room: none may take the action now, and
+    the first in placement order gives the reason."""
+    rooms = q.rooms[e.dkey]
+    if not _none_takes(self, q, e, dr, rooms, now, own, head_key):
+        return False
+    first = e.first
+    if not rooms:
+        return first is None or _room_went(self, q, e, head_went, acted)
+    if first is None:
+        return _room_came(self, q, e, rooms, head_went, acted)
+    return _first_now(self, q, e, first, rooms, dr, changed, dkeys)
+
+
+def _none_takes(
+    self: Scheduler,
+    q: _Queue,
+    e: _Eval,
+    dr: list[ClusterState],
+    rooms: set[str],
+    now: float,
+    own: tuple[str, _Reservation] | None,
+    head_key: tuple[float, int] | None,
+) -> bool:
+    """Does every changed cluster with room (``dr``) still turn ``e``'s actions away
+    (held, or a reservation from above or by the queue's own head)? Each joins
+    ``rooms`` as it is read."""
+    holds = self._holds
+    resv = self._resv
+    own_held = q.resv_rec.held if q.resv_rec is not None else _NO_CHANGE
+    own_name = own[0] if own is not None else None
+    for c in dr:
+        name = c.name
+        if name in own_held:
+            return False
+        if name not in holds:
+            upr = resv.get(name)
+            if e.blind and (upr or name == own_name):
+                # A reservation the fit did not meet: only its own actions are
+                # known, not the others of other estimates that shared it.
+                return False
+            if name == own_name:
+                assert own is not None and head_key is not None
+                # Only the actions after the head meet its reservation.
+                with_own = [*upr, own[1]] if upr else [own[1]]
                 for a in e.acts:
-                    if a.id == head and not head_went:
-                        return False
-            # Every cluster with room is a changed one, and turns it away (above):
-            # held, or reserved from above or by the queue's own head.
-            best = self._first_of(rooms)
-            bn = best.name
-            e.reason = Reason.HeldForGang if bn in holds else Reason.BackfillWindow
-            e.first = bn
-            e.fkey = _order_key(best)
-            flips.append(e)
-            continue
-        if first in rooms and first not in changed:
-            # The order is by free capacity: only the changed clusters moved in it.
-            if not dr:
-                continue  # the same first cluster, turning it away as before
-            best = clusters[first]
-            bk = e.fkey
-            if bk is None:
-                bk = _order_key(best)
-            for c in dr:
-                k = dkeys[c.name]
-                if k < bk:
-                    best, bk = c, k
-        elif first in rooms and e.fkey is not None and dkeys[first] <= e.fkey:
-            # The first cluster moved up in the order (it freed capacity): the
-            # others that did not change stay behind where it was, so the first
-            # now is the first of the changed ones (it among them).
-            best = clusters[first]
-            bk = dkeys[first]
-            for c in dr:
-                k = dkeys[c.name]
-                if k < bk:
-                    best, bk = c, k
-        else:
-            best = self._first_of(rooms)
+                    after = (a.submit, a.seq) > head_key
+                    got = with_own if after else upr
+                    if not got or self._allowed(a, now, got, e.runs, c) is not None:
+                        return False  # it would start there
+            elif not upr or self._any_allowed(e.acts, now, upr, e.runs, c):
+                return False  # it would start there
+        rooms.add(name)
+    return True
+
+
+def _room_went(
+    self: Scheduler, q: _Queue, e: _Eval, head_went: bool, acted: list[set[int]]
+) -> bool:
+    """Room went: NoClusterCapacity now. That changes nothing but the reason for a
+    greedy queue's fit, or a reserving queue's past its head (which reserved
+    already); a strict queue's would block, a reserving queue's head (or one before
+    it) would reserve."""
+    algo = q.spec.algorithm
+    if (
+        algo is Algorithm.strict
+        or head_went
+        or not self._classes_as_now(q)
+        or (q.mixed and not self._alone(q, e, acted))
+    ):
+        return False
+    if algo is not Algorithm.greedy:
+        if not q.last_resv:
+            return False  # see ``_flip``
+        h = self.actions.get(q.blocked_head or "")
+        if h is None:
+            return False
+        hk = (h.submit, h.seq)
+        for a in e.acts:
+            if (a.submit, a.seq) <= hk:
+                return False
+    e.reason = Reason.NoClusterCapacity
+    e.first = None
+    e.fkey = None
+    self._flips.append(e)
+    return True
+
+
+def _room_came(
+    self: Scheduler,
+    q: _Queue,
+    e: _Eval,
+    rooms: set[str],
+    head_went: bool,
+    acted: list[set[int]],
+) -> bool:
+    """A fit that found no room finds some now, every cluster of it turning the
+    action away (checked before): its reason changes in place."""
+    if not self._classes_as_now(q) or (q.mixed and not self._alone(q, e, acted)):
+        return False  # a reason changed in place (see ``_flip``)
+    algo = q.spec.algorithm
+    if algo is Algorithm.strict:
+        # The head's fit (a strict queue's only one before its block): it
+        # blocks all the same, only without holding clusters.
+        self._unhold = True
+    elif algo is not Algorithm.greedy:
+        # Past a reserving queue's head, as past a strict one's block; the
+        # head's own fit would not reserve any more.
+        if not q.last_resv:
+            return False  # see ``_flip``
+        head = q.blocked_head
+        for a in e.acts:
+            if a.id == head and not head_went:
+                return False
+    # Every cluster with room is a changed one, and turns it away (above):
+    # held, or reserved from above or by the queue's own head.
+    best = self._first_of(rooms)
+    bn = best.name
+    e.reason = Reason.HeldForGang if bn in self._holds else Reason.BackfillWindow
+    e.first = bn
+    e.fkey = _order_key(best)
+    self._flips.append(e)
+    return True
+
+
+def _first_now(
+    self: Scheduler,
+    q: _Queue,
+    e: _Eval,
+    first: str,
+    rooms: set[str],
+    dr: list[ClusterState],
+    changed: set[str] | frozenset[str],
+    dkeys: dict[str, tuple[Any, ...]],
+) -> bool:
+    """A fit that found room, and still does: the first cluster in placement order
+    now must turn it away for the same reason."""
+    clusters = self.clusters
+    if first in rooms and first not in changed:
+        # The order is by free capacity: only the changed clusters moved in it.
+        if not dr:
+            return True  # the same first cluster, turning it away as before
+        best = clusters[first]
+        bk = e.fkey
+        if bk is None:
             bk = _order_key(best)
-        bn = best.name
-        if bn != first or bn in changed:
-            # A cluster that turns the action away: held, else reserved.
-            if bn in own_held:
-                return False
-            r = Reason.HeldForGang if bn in holds else Reason.BackfillWindow
-            if r is not e.reason:
-                return False
-        e.first = bn
-        e.fkey = bk
+        for c in dr:
+            k = dkeys[c.name]
+            if k < bk:
+                best, bk = c, k
+    elif first in rooms and e.fkey is not None and dkeys[first] <= e.fkey:
+        # The first cluster moved up in the order (it freed capacity): the
+        # others that did not change stay behind where it was, so the first
+        # now is the first of the changed ones (it among them).
+        best = clusters[first]
+        bk = dkeys[first]
+        for c in dr:
+            k = dkeys[c.name]
+            if k < bk:
+                best, bk = c, k
+    else:
+        best = self._first_of(rooms)
+        bk = _order_key(best)
+    bn = best.name
+    if bn != first or bn in changed:
+        # A cluster that turns the action away: held, else reserved.
+        own_held = q.resv_rec.held if q.resv_rec is not None else _NO_CHANGE
+        if bn in own_held:
+            return False
+        r = Reason.HeldForGang if bn in self._holds else Reason.BackfillWindow
+        if r is not e.reason:
+            return False
+    e.first = bn
+    e.fkey = bk
+    return True
+
+
+def _views_after(self: Scheduler, q: _Queue, ds: list[ClusterState]) -> None:
+    """``_evals_still``'s last phase: the views (holds and reservations as read) of
+    the changed clusters some fit now has room on; the others' go."""
+    holds = self._holds
+    resv = self._resv
     views = q.views
+    rooms_of = q.rooms
     for c in ds:
         n = c.name
         for rs in rooms_of.values():
@@ -243,7 +349,6 @@ def _evals_still(
                 break
         else:
             views.pop(n, None)
-    return True
 
 
 def _any_allowed(
