@@ -9,7 +9,7 @@
   check that changed no reason.
 
 Each is pinned against the plain loop (``Scheduler(incremental=False)``) on the held
-fleet of ``test_held_fleet`` (five clusters filled by ``F0`` to ``F9``, whose estimated
+fleet of ``test_rechecks_under_a_held_fleet`` (five clusters filled by ``F0`` to ``F9``, whose estimated
 ends are 5, 8, ..., 32; a strict head ``H`` holding them all; four queues below, one
 per algorithm, the reserving ones walking all five clusters with ``_scan``).
 """
@@ -24,8 +24,8 @@ from headway.scheduler.core import _Class
 from headway.scheduler.index import records
 from headway.scheduler.truth import _Action, _Queue
 
-from .helpers import apply_op
-from .test_held_fleet import NODE, _build, _state
+from ..helpers import apply_op
+from .test_rechecks_under_a_held_fleet import NODE, _build, _state
 
 # --- settle_all against settle over the whole class ---------------------------------
 #
