@@ -1,9 +1,17 @@
-"""The gates: the checks an action passes before any fit (``_gate``, in
-``reasons.GATE_ORDER``), and what may run in a reserved gap (``_allowed``, ``_use_up``).
+"""The gates: the checks an action passes before any fit (``_gate``, in the order of
+``GATES``), and what may run in a reserved gap (``_allowed``, ``_use_up``).
+
+``GATES`` is the gates' one ordered table: each gate's reason, the limit that turns it
+on, and what of the ground truth it reads. ``_gate`` is that table written out inline
+(it runs for every decision), and the index layer's predicates over it (``_reads_running``
+here; ``run_gates`` in ``cycle._visit`` and ``index.still._classes_as_now``; ``gated`` in
+``index.classes._walk``) are too: ``tests/scheduler/policy/test_gates.py`` holds them to
+the table.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..common import _INF
@@ -17,6 +25,31 @@ if TYPE_CHECKING:
     from ..model import QueueSpec
     from ..resources import Usage
     from ..truth import _Action, _Queue
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """One gate: the ``Reason`` it gives, the limit that turns it on (a field of
+    ``QueueSpec`` for ``scope`` "queue", of ``OrgLimits`` for "org"), and what it reads:
+    "running" (the queue's or the org's running actions), "runs" (their runs, with the
+    action's own), "usage" (the queue's in-flight resources, with the action's demand)."""
+
+    reason: Reason
+    limit: str
+    scope: str
+    reads: frozenset[str]
+
+
+#: The gates in the order they are asked (``reasons.GATE_ORDER`` but for the fit): the
+#: first that fails is the action's reason.
+GATES: tuple[Gate, ...] = (
+    Gate(Reason.ActionConcurrency, "action_concurrency", "queue", frozenset({"running"})),
+    Gate(Reason.RunConcurrency, "run_concurrency", "queue", frozenset({"runs"})),
+    Gate(Reason.PerRunConcurrency, "per_run_concurrency", "queue", frozenset({"runs"})),
+    Gate(Reason.MaxResources, "max_resources", "queue", frozenset({"usage"})),
+    Gate(Reason.OrgConcurrentActions, "max_concurrent_actions", "org", frozenset({"running"})),
+    Gate(Reason.OrgConcurrentRuns, "max_concurrent_runs", "org", frozenset({"runs"})),
+)
 
 
 def _reads_running(spec: QueueSpec) -> bool:
