@@ -22,6 +22,13 @@ One scheduling cycle, in phases (after Kueue's ``schedule``):
 
 Ordering (which action next) is kept apart from fitting (``fit.ClusterState``); a "no" is
 a ``Reason`` returned as data, never an exception.
+
+This module holds ``Scheduler``'s state (``__init__``, by concern) and binds its methods,
+which live with their concern: ground truth in ``truth`` and ``snapshot``; the cycle in
+``cycle``; policy in ``policy.order``, ``policy.gates``, ``policy.backfill`` and
+``policy.projection``; the index layer (answers remembered between events) in ``index``,
+whose ``index.validity`` says when a queue's remembered visit stands. See
+docs/scheduler-internals.md.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import inspect
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
@@ -39,6 +39,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from .test_reference_differential import (
     HOLDING_WALK,
+    LOPSIDED_RESERVATION_SEED,
     SEEDED,
     STORIES,
     Differential,
@@ -144,13 +145,13 @@ MUTATIONS = [
         "_earliest_fit's cache ignores environments placed or gone",
         Scheduler,
         "_earliest_fit",
-        """            and hit[1] == self._env_epoch
-            and hit[2] <= now <= hit[3]
-        ):
-            res = hit[4]""",
-        """            and hit[2] <= now <= hit[3]
-        ):
-            res = hit[4]""",
+        """        and hit[1] == self._env_epoch
+        and hit[2] <= now <= hit[3]
+    ):
+        res = hit[4]""",
+        """        and hit[2] <= now <= hit[3]
+    ):
+        res = hit[4]""",
     ),
     Mutation(
         "scan-ignores-clock",
@@ -173,7 +174,7 @@ MUTATIONS = [
         "_carry carries an answer past an admission without asking its gates again",
         Scheduler,
         "_carry",
-        "if self._gate(q, rep, rep.usage) is not m[4]:",
+        "if gated and self._gate(q, rep, rep.usage) is not m[4]:",
         "if False:",
     ),
     Mutation(
@@ -246,7 +247,7 @@ def _seeded(families: list[str], every: bool = False) -> Callable[[], None]:
     return run
 
 
-def _seeds(family: str, seeds: range) -> Callable[[], None]:
+def _seeds(family: str, seeds: Iterable[int]) -> Callable[[], None]:
     def run() -> None:
         for seed in seeds:
             SEEDED[family][0](seed)
@@ -293,7 +294,8 @@ def _stateful(examples: int, steps: int) -> Callable[[], None]:
 DRIVERS: list[tuple[str, Callable[[], None]]] = [
     ("stories", _stories),
     ("today's seeds", _seeded([f for f in SEEDED if f != "reserving"])),
-    ("reserving", _seeds("reserving", range(300))),
+    # (Less the timeline of a known divergence, a strict xfail of the test module.)
+    ("reserving", _seeds("reserving", [s for s in range(300) if s != LOPSIDED_RESERVATION_SEED])),
     ("holding walks", _walks(range(60), 200, "holding", HOLDING_WALK)),
     ("walks", _walks(range(100), 300)),
     ("stateful", _stateful(30, 100)),
