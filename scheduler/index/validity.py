@@ -47,14 +47,27 @@ def _skip_visit(
             sig_was = (ls[0], *sig[1:])
         else:
             tail = 0
-    changed, expired = _changed_since(self, q, cap_end, now)
-    if not _stands(self, q, sig_was, changed, expired, same_upstream, now):
-        return None
+    if q.cap_pos == cap_end and now <= q.horizon:
+        # Nothing moved and nothing expired, the commonest case (an event's pass
+        # re-checks every queue): ``_changed_since`` and ``_stands`` inlined.
+        if not (
+            sig_was == q.last_sig
+            and (not q.hist_dep or q.last_hist == self._hist_epoch)
+            and (
+                same_upstream or (self._all_held(q) if q.stale else self._views_same(q, _NO_CHANGE))
+            )
+        ):
+            return None
+    else:
+        changed, expired = _changed_since(self, q, cap_end, now)
+        if not _stands(self, q, sig_was, changed, expired, same_upstream, now):
+            return None
     # Nothing this queue's outcome depends on has changed since its
     # last visit: same decisions, same reasons. Only its holds and
     # reservations, which bind the queues after it, need making again
     # (``_hold`` and ``_reserve_on``, minus the visit's own record).
-    _remake_effects(self, q)
+    if q.last_holds or q.last_resv:
+        _remake_effects(self, q)
     q.cap_pos = cap_end
     # Its records now stand for this pass's upstream (the views were
     # checked against it, or it is the last one's): the next pass
