@@ -1,7 +1,7 @@
 """Planted bugs: does the differential test against the reference catch them?
 
 Each mutation rewrites one method of the index layer (the caches and indices of
-``scheduler/core.py`` and the grouped node index of ``scheduler/fit.py``) at source level,
+``scheduler/index/``, the policy's remembered answers, and the grouped node index of ``scheduler/fit.py``) at source level,
 one at a time: a remembered answer kept when it should not be, a cache not invalidated,
 a flag not cleared. Then the differential drivers of ``test_reference_differential`` run
 against it, cheapest first, until one fails (caught: the core decided otherwise than the
@@ -25,12 +25,13 @@ import inspect
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from headway.scheduler import cycle
 from headway.scheduler.core import Scheduler
 from headway.scheduler.fit import ClusterState
 from hypothesis import HealthCheck, Phase, settings
@@ -38,6 +39,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from .test_reference_differential import (
     HOLDING_WALK,
+    LOPSIDED_RESERVATION_SEED,
     SEEDED,
     STORIES,
     Differential,
@@ -50,7 +52,7 @@ from .test_reference_differential import (
 class Mutation:
     name: str
     what: str  # the bug, in words
-    owner: type  # the class whose method is rewritten
+    owner: type | ModuleType  # the class whose method is rewritten, or a module's function
     method: str
     old: str  # a snippet of its source, found exactly once
     new: str
@@ -84,16 +86,16 @@ MUTATIONS = [
     Mutation(
         "holds-not-cleared",
         "a pass starts with the last pass's holds (HeldForGang never cleared)",
-        Scheduler,
-        "_pass",
+        cycle,
+        "_begin_pass",
         "self._holds = {}",
         "self._holds = self._holds",
     ),
     Mutation(
         "noroom-not-cleared",
         "a pass starts with the last pass's 'no room for this demand' answers",
-        Scheduler,
-        "_pass",
+        cycle,
+        "_begin_pass",
         "self._noroom = set()",
         "self._noroom = self._noroom",
     ),
@@ -143,13 +145,13 @@ MUTATIONS = [
         "_earliest_fit's cache ignores environments placed or gone",
         Scheduler,
         "_earliest_fit",
-        """            and hit[1] == self._env_epoch
-            and hit[2] <= now <= hit[3]
-        ):
-            res = hit[4]""",
-        """            and hit[2] <= now <= hit[3]
-        ):
-            res = hit[4]""",
+        """        and hit[1] == self._env_epoch
+        and hit[2] <= now <= hit[3]
+    ):
+        res = hit[4]""",
+        """        and hit[2] <= now <= hit[3]
+    ):
+        res = hit[4]""",
     ),
     Mutation(
         "scan-ignores-clock",
@@ -172,7 +174,7 @@ MUTATIONS = [
         "_carry carries an answer past an admission without asking its gates again",
         Scheduler,
         "_carry",
-        "if self._gate(q, rep, rep.usage) is not m[4]:",
+        "if gated and self._gate(q, rep, rep.usage) is not m[4]:",
         "if False:",
     ),
     Mutation(
@@ -186,8 +188,10 @@ MUTATIONS = [
 ]
 
 
-def _module_of(owner: type) -> ModuleType:
-    return sys.modules[owner.__module__]
+def _module_of(fn: Any) -> ModuleType:
+    """Where a method's code lives: ``Scheduler``'s methods are functions of the modules
+    of ``scheduler/`` (truth, policy, index) bound to the class, not of ``core``."""
+    return sys.modules[fn.__module__]
 
 
 @contextmanager
@@ -203,7 +207,7 @@ def planted(m: Mutation) -> Iterator[None]:
             f"{m.name}: {m.old!r} is not found exactly once in {m.owner.__name__}.{m.method}"
             " (the code moved: update the mutation)"
         )
-    mod = _module_of(m.owner)
+    mod = _module_of(fn)
     same = _compiled(mod, src, m.method)
     if getattr(same, "__func__", same).__code__.co_code != fn.__code__.co_code:
         # The file is not what was imported (edited since): the source read is not the
@@ -243,7 +247,7 @@ def _seeded(families: list[str], every: bool = False) -> Callable[[], None]:
     return run
 
 
-def _seeds(family: str, seeds: range) -> Callable[[], None]:
+def _seeds(family: str, seeds: Iterable[int]) -> Callable[[], None]:
     def run() -> None:
         for seed in seeds:
             SEEDED[family][0](seed)
@@ -290,7 +294,8 @@ def _stateful(examples: int, steps: int) -> Callable[[], None]:
 DRIVERS: list[tuple[str, Callable[[], None]]] = [
     ("stories", _stories),
     ("today's seeds", _seeded([f for f in SEEDED if f != "reserving"])),
-    ("reserving", _seeds("reserving", range(300))),
+    # (Less the timeline of a known divergence, a strict xfail of the test module.)
+    ("reserving", _seeds("reserving", [s for s in range(300) if s != LOPSIDED_RESERVATION_SEED])),
     ("holding walks", _walks(range(60), 200, "holding", HOLDING_WALK)),
     ("walks", _walks(range(100), 300)),
     ("stateful", _stateful(30, 100)),

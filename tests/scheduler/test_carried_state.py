@@ -15,7 +15,7 @@ from headway.scheduler import (
     QueueSpec,
     Reason,
     Scheduler,
-    core,
+    truth,
 )
 
 POD = Pod(cpu=1000, memory=2**30)
@@ -57,7 +57,7 @@ def test_actions_without_a_run_leave_nothing_behind(cap: int | None) -> None:
 
 
 def test_runtime_history_keeps_the_tasks_that_ended_last(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(core, "MAX_HISTORY_TASKS", 100)
+    monkeypatch.setattr(truth, "MAX_HISTORY_TASKS", 100)
     s = make_core(None)
     run_through(s, [f"a{i}" for i in range(50)], "", 0.0)
     size = len(json.dumps(s.to_snapshot()))

@@ -35,7 +35,7 @@ from headway.scheduler.core import Admitted
 from headway.scheduler.model import replicas_demand
 from headway.scheduler.resources import Pod
 
-from .helpers import apply_op, submitter
+from ..helpers import apply_op, submitter
 
 GI = 2**30
 CPU_NODE = Pod(cpu=16_000, memory=64 * GI)

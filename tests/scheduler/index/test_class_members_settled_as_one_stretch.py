@@ -20,7 +20,7 @@ from headway.scheduler import (
 )
 from headway.scheduler.resources import Pod
 
-from .helpers import one_node_taken
+from ..helpers import one_node_taken
 
 GI = 2**30
 NODE = Pod(cpu=16_000, memory=64 * GI)

@@ -9,7 +9,7 @@
   check that changed no reason.
 
 Each is pinned against the plain loop (``Scheduler(incremental=False)``) on the held
-fleet of ``test_held_fleet`` (five clusters filled by ``F0`` to ``F9``, whose estimated
+fleet of ``test_rechecks_under_a_held_fleet`` (five clusters filled by ``F0`` to ``F9``, whose estimated
 ends are 5, 8, ..., 32; a strict head ``H`` holding them all; four queues below, one
 per algorithm, the reserving ones walking all five clusters with ``_scan``).
 """
@@ -21,9 +21,11 @@ from typing import Any
 import pytest
 from headway.scheduler import ActionSpec, QueueSpec, core
 from headway.scheduler.core import _Class
+from headway.scheduler.index import records
+from headway.scheduler.truth import _Action, _Queue
 
-from .helpers import apply_op
-from .test_held_fleet import NODE, _build, _state
+from ..helpers import apply_op
+from .test_rechecks_under_a_held_fleet import NODE, _build, _state
 
 # --- settle_all against settle over the whole class ---------------------------------
 #
@@ -57,12 +59,12 @@ def _class(runs: list[Run]) -> _Class:
     for reason, _, n in runs:
         for _ in range(n):
             seq += 1
-            a = core._Action(ActionSpec(f"a{seq}", "q", (NODE,), seq=seq), 1, (NODE,))
+            a = _Action(ActionSpec(f"a{seq}", "q", (NODE,), seq=seq), 1, (NODE,))
             a.pos = seq
             a._last = reason
             a._reasons = ["Earlier"] if reason is None else ["Earlier", reason]
             if c is None:
-                c = _Class(None, a, core._Queue(QueueSpec("q")))
+                c = _Class(None, a, _Queue(QueueSpec("q")))
             a.cls = c
             c.m.append(a)
     assert c is not None
@@ -258,9 +260,9 @@ NOTED_CASES = [
 
 @pytest.mark.parametrize(("p", "r"), NOTED_CASES)
 def test_noted_is_the_notes_plus_one_shared_between_runs(p: tuple[str, ...], r: str) -> None:
-    got = core._noted(p, r)
+    got = records._noted(p, r)
     assert got == (*p, r)
-    assert core._noted(tuple(p), r) is got
-    core._NOTED.clear()
-    again = core._noted(p, r)
+    assert records._noted(tuple(p), r) is got
+    records._NOTED.clear()
+    again = records._noted(p, r)
     assert again == (*p, r)

@@ -31,7 +31,7 @@ from headway.scheduler import (
 )
 from headway.scheduler.resources import Pod
 
-from .helpers import apply_op, submitter
+from ..helpers import apply_op, submitter
 
 GI = 2**30
 NODE = Pod(cpu=16_000, memory=64 * GI)

@@ -18,8 +18,8 @@ from headway.scheduler import (
     Priority,
     QueueSpec,
     Scheduler,
-    core,
 )
+from headway.scheduler.policy import backfill
 from headway.scheduler.resources import Pod
 
 GI = 2**30
@@ -58,7 +58,7 @@ def test_a_blocked_head_records_the_same_pairs_every_pass() -> None:
 
 
 def test_the_pairs_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(core, "_HOLD_PAIRS_MAX", 2)
+    monkeypatch.setattr(backfill, "_HOLD_PAIRS_MAX", 2)
     s = _fleet(3)
     s.schedule(0.0)
     # Three heads held; the pairs of at most two are kept at any time.

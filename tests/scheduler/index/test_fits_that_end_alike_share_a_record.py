@@ -19,11 +19,11 @@ from headway.scheduler import (
     Priority,
     QueueSpec,
     Scheduler,
-    core,
 )
+from headway.scheduler.index import classes, records
 from headway.scheduler.resources import Pod
 
-from .helpers import one_node_taken
+from ..helpers import one_node_taken
 
 GI = 2**30
 NODE = Pod(cpu=16_000, memory=64 * GI)
@@ -46,14 +46,15 @@ def _fleet() -> Scheduler:
 def test_fits_that_end_alike_make_one_record(monkeypatch: pytest.MonkeyPatch) -> None:
     s = _fleet()
     made: list[Any] = []
-    inner = core._Eval
+    inner = records._Eval
 
     def counted(*args: Any) -> Any:
         e = inner(*args)
         made.append(e)
         return e
 
-    monkeypatch.setattr(core, "_Eval", counted)
+    # (made where a visit records its fits)
+    monkeypatch.setattr(classes, "_Eval", counted)
     assert s.schedule(1.0) == []
     (rec,) = s.queues["g"].evals
     assert [a.id for a in rec.acts] == ["w0", "w1", "w2"]

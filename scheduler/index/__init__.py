@@ -1,0 +1,1 @@
+"""index: see docs/scheduler-internals.md."""

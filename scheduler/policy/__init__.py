@@ -1,0 +1,1 @@
+"""policy: see docs/scheduler-internals.md."""
