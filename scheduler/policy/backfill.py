@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ..common import _FIRST, _INF, _SCAN_MIN, _Reservation
 from ..index.records import _NO_CHANGE, _ResvRecord
 from ..policy.order import _order_key
+from ..policy.projection import _env_horizon
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -320,6 +321,9 @@ def _earliest_fit(
             for a in self.on_cluster.get(c.name, {}).values():
                 if a.est_end is not None and now < a.est_end < horizon:
                     horizon = a.est_end
+            for inst in self.envs.values():
+                if inst.cluster == c.name and inst.nodes and inst.active:
+                    horizon = min(horizon, _env_horizon(inst, now))
         self._fit_cache[key] = (c.version, self._env_epoch, now, horizon, res)
         self._horizon = min(outer, horizon)
         vhz = self._vhz

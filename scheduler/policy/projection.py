@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..common import _Step
     from ..core import Scheduler
     from ..fit import ClusterState, Runs
+    from ..truth import _EnvInstance
 
 
 def _carried(
@@ -173,6 +174,7 @@ def _releases(
             ends = [self._release_time(x, now) for x in inst.running.values()]
             if any(e is None for e in ends):
                 return None
+            nxt = min(nxt, _env_horizon(inst, now))
             t = max(e for e in ends if e is not None) + inst.spec.idle_ttl
         else:
             t = inst.expires_at if inst.expires_at is not None else now
@@ -180,6 +182,17 @@ def _releases(
     releases.sort(key=_BY_TIME_SEQ)
     self._rel_cache[c.index] = (c, c.version, self._env_epoch, now, releases, nxt)
     return releases
+
+
+def _env_horizon(inst: _EnvInstance, now: float) -> float:
+    """Until when an active environment's projected teardown (``idle_ttl`` after the
+    last estimated end of its running actions) holds: that last end while it is ahead;
+    ``now`` once every one is overdue (each then ends "now", so the teardown moves with
+    the clock)."""
+    last = max((x.est_end for x in inst.running.values() if x.est_end is not None), default=None)
+    if last is None or last <= now:
+        return now
+    return last
 
 
 def _project_from(

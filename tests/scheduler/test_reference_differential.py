@@ -227,14 +227,11 @@ def checked(*modules: Any) -> Iterator[None]:
 #
 # A warm environment whose actions all ran past their estimates is projected to go
 # ``idle_ttl`` after now: a time that moves with the clock. The cached projections of
-# ``_earliest_fit`` are kept over a clock window that does not see it (no running action
-# has an estimated end ahead), so a reservation stays at the time found when it was made
-# and an action that would be gone by the true one is refused (BackfillWindow). The plain
-# core (``incremental=False``) reads the same cache
-# (``test_core_bug_reservation_behind_an_overdue_environment_stands_still``). Steered
-# around: the core forgets what it remembers (``invalidate``) before a cycle while such an
-# environment is about (``CheckedScheduler.schedule``).
-STEER_ENV_OVERDUE = True
+# ``_earliest_fit`` were kept over a clock window that did not see it, so a reservation
+# stood still (``test_a_reservation_behind_an_overdue_environment_moves_with_the_clock``);
+# the window now ends where the teardown starts to move (``_env_horizon``). No longer
+# steered around.
+STEER_ENV_OVERDUE = False
 # Best fit is not monotone: a gang of unlike pods (a cpu-heavy pod, a memory-heavy one)
 # that finds no room can find some once another action took part of a node (its first
 # pod then goes elsewhere). The core took "no room for this demand" as standing for the
@@ -1049,12 +1046,7 @@ def test_a_report_after_a_lost_node_takes_nothing_for_its_pods_elsewhere() -> No
     assert s.to_snapshot()["clusters"][0]["free"][0] == [16000]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="core: _earliest_fit's clock window misses overdue environments",
-)
-def test_core_bug_reservation_behind_an_overdue_environment_stands_still() -> None:
+def test_a_reservation_behind_an_overdue_environment_moves_with_the_clock() -> None:
     one = Pod(1000)
     s = Scheduler(
         [ClusterSpec("c", (NodeGroup("n", 2, one),))],
