@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import click
@@ -172,6 +173,13 @@ def control_plane(
             err=True,
         )
 
+    opts = cfg.options()
+
+    def serves(tenant: str) -> bool:
+        # One namespace per control-plane worker: a tenant mapped elsewhere is served by
+        # the control plane of its own namespace.
+        return opts.namespace_for(tenant) == cfg.namespace
+
     async def body(client: Client, stop: asyncio.Event) -> None:
         # The gauges (waiting by reason, blocked heads, free capacity) come from the
         # schedulers' own queries, polled beside the worker.
@@ -190,6 +198,7 @@ def control_plane(
                 seed_tenant=cfg.tenant,
                 on_ready=ready,
                 history_retention=history_retention,
+                serves=serves,
             )
         finally:
             stop.set()
@@ -298,14 +307,25 @@ def cluster(
     # After the flags are checked, before connecting: a port in use fails at once.
     metrics = _setup_telemetry(f"headway-cluster-{name}", metrics_port)
 
+    by_namespace = cfg.options().tenants_of(tenants)
+
     async def body(client: Client, stop: asyncio.Event) -> None:
+        # A client per other namespace the served tenants live in (the mapping).
+        clients: dict[str, Client] = {}
+        for ns, served in by_namespace.items():
+            if ns != client.namespace:
+                other = await connect_retrying(replace(cfg, namespace=ns), timeout_s=120.0)
+                clients.update(dict.fromkeys(served, other))
+        where = "; ".join(f"namespace {ns}: {', '.join(ts)}" for ns, ts in by_namespace.items())
         click.echo(
-            f"cluster worker ready: cluster {name} ({backend}), Temporal {cfg.address}"
-            f" (namespace {cfg.namespace}), task queue {protocol.cluster_task_queue(name)},"
-            f" tenant{'s' if len(tenants) > 1 else ''} {', '.join(tenants)}{metrics}",
+            f"cluster worker ready: cluster {name} ({backend}), Temporal {cfg.address},"
+            f" task queue {protocol.cluster_task_queue(name)},"
+            f" tenant{'s' if len(tenants) > 1 else ''} by {where}{metrics}",
             err=True,
         )
-        await run_cluster_worker(client, name, impl, tenants=tenants, stop=stop)
+        await run_cluster_worker(
+            client, name, impl, tenants=tenants, stop=stop, clients=clients or None
+        )
 
     if backend == "kubernetes":
         _check_kube_config(kubeconfig, kube_context)
