@@ -450,24 +450,35 @@ def explain_failure(opts: ConnectionOptions, exc: BaseException) -> str:
         or "permissiondenied" in low
     ):
         return (
-            f"{where} refused namespace {opts.namespace!r}: not permitted with these "
-            "credentials (the API key or certificate is not granted this namespace)"
+            f"{where} refused namespace {opts.namespace!r} to these credentials "
+            f"({_server_message(exc, text)}): the API key or certificate is not granted it"
         )
     if status_name == "UNAUTHENTICATED" or "unauthenticated" in low or "401 unauthorized" in low:
-        if "certificate" in low:
+        said = _server_message(exc, text)
+        if "certificate" in said.lower():
+            if opts.tls_cert_path:
+                return (
+                    f"{where} rejected the client certificate of --tls-cert-path "
+                    f"{opts.tls_cert_path} ({said})"
+                )
             return (
-                f"{where} requires a client certificate: give --tls-cert-path and "
-                "--tls-key-path (env HEADWAY_TEMPORAL_TLS_CERT_PATH/_KEY_PATH)"
+                f"{where} requires a client certificate ({said}): give --tls-cert-path and "
+                "--tls-key-path (env HEADWAY_TEMPORAL_TLS_CERT_PATH, _KEY_PATH)"
             )
         if opts.api_key:
-            return f"{where} rejected the API key (--api-key / HEADWAY_TEMPORAL_API_KEY)"
+            return f"{where} rejected the API key of --api-key / HEADWAY_TEMPORAL_API_KEY ({said})"
         return (
-            f"{where} requires credentials: give --api-key (env HEADWAY_TEMPORAL_API_KEY)"
-            " or a client certificate (--tls-cert-path, --tls-key-path)"
+            f"{where} requires credentials ({said}): give --api-key (env "
+            "HEADWAY_TEMPORAL_API_KEY) or a client certificate (--tls-cert-path, --tls-key-path)"
+        )
+    if ("unknownissuer" in low or "unknown issuer" in low) and not opts.tls_ca_path:
+        return (
+            f"TLS to {opts.address}: the server's certificate is not signed by a CA this "
+            "host trusts: give its CA with --tls-ca-path (env HEADWAY_TEMPORAL_TLS_CA_PATH)"
         )
     for needle, gist in (
-        ("unknownissuer", "is not signed by the CA of --tls-ca-path"),
-        ("unknown issuer", "is not signed by the CA of --tls-ca-path"),
+        ("unknownissuer", f"is not signed by the CA of --tls-ca-path {opts.tls_ca_path}"),
+        ("unknown issuer", f"is not signed by the CA of --tls-ca-path {opts.tls_ca_path}"),
         ("certificate verify failed", "is not signed by the CA of --tls-ca-path"),
         ("notvalidforname", "does not name this host: set --tls-server-name"),
         ("not valid for name", "does not name this host: set --tls-server-name"),
@@ -500,7 +511,13 @@ def explain_failure(opts: ConnectionOptions, exc: BaseException) -> str:
         )
     if not opts.uses_tls and any(
         n in low
-        for n in ("connection reset", "broken pipe", "h2 protocol", "frame with invalid size")
+        for n in (
+            "connection reset",
+            "broken pipe",
+            "h2 protocol",
+            "frame with invalid size",
+            "operation was canceled",
+        )
     ):
         return (
             f"cannot talk to Temporal at {opts.address}: it closed the connection; does it "
@@ -526,3 +543,13 @@ def explain_failure(opts: ConnectionOptions, exc: BaseException) -> str:
         return f"TLS to {opts.address} failed: {text[:160]}"
     first = text or type(exc).__name__
     return f"cannot reach Temporal at {opts.address} ({first[:160]})"
+
+
+def _server_message(exc: BaseException, text: str) -> str:
+    """The server's own message in a failure (short; it names no secret)."""
+    said = getattr(exc, "message", None)
+    if not isinstance(said, str) or not said:
+        found = re.search(r'message: "([^"]*)"', text)
+        said = found.group(1) if found else ""
+    said = " ".join(said.split())
+    return (said[:117] + "...") if len(said) > 120 else said or "no reason given"

@@ -49,15 +49,31 @@ class Settings:
     tenant: str = protocol.DEFAULT_TENANT
     #: The Temporal Web UI's base URL for links (None: ``$HEADWAY_UI_URL`` or derived).
     ui_url: str | None = None
-    #: TLS, API key and the tenant -> namespace mapping (``headway.connection``); its
-    #: address and namespace are overridden by the two fields above. None: plain.
+    #: TLS, API key and the tenant -> namespace mapping (``headway.connection``), with
+    #: the namespace of tenants it does not map; None: plain, namespace as above.
     connection: ConnectionOptions | None = None
 
     def options(self) -> ConnectionOptions:
         """The connection options of this invocation (address and namespace as above)."""
-        return replace(
-            self.connection or ConnectionOptions(), address=self.address, namespace=self.namespace
-        )
+        return replace(self.base(), namespace=self.namespace)
+
+    def base(self) -> ConnectionOptions:
+        """The options before the tenant's mapping: ``namespace_for`` answers from here."""
+        if self.connection is None:
+            return ConnectionOptions(self.address, self.namespace)
+        return replace(self.connection, address=self.address)
+
+
+def for_tenant(cfg: Settings, tenant: str) -> Settings:
+    """``cfg`` acting for ``tenant``, in the namespace the mapping gives it (a
+    command's own ``--tenant``); a conflicting ``--namespace`` is a usage error."""
+    if tenant == cfg.tenant:
+        return cfg
+    try:
+        opts = cfg.base().for_tenant(tenant)
+    except ConnectionSettingsError as exc:
+        raise click.UsageError(str(exc)) from None
+    return replace(cfg, tenant=tenant, namespace=opts.namespace)
 
 
 def settings(ctx: click.Context) -> Settings:

@@ -115,7 +115,8 @@ def settings_from_options(
     fill what they leave out, and the tenant's namespace is taken from the mapping.
     A wrong setting is a usage error naming it."""
     try:
-        opts = connection.load(**{k: given.get(k) for k in OPTION_NAMES}).for_tenant(tenant)
+        base = connection.load(**{k: given.get(k) for k in OPTION_NAMES})
+        opts = base.for_tenant(tenant)
     except ConnectionSettingsError as exc:
         raise click.UsageError(str(exc), ctx) from None
     return Settings(
@@ -123,5 +124,5 @@ def settings_from_options(
         namespace=opts.namespace,
         tenant=tenant,
         ui_url=ui_url,
-        connection=opts,
+        connection=base,
     )

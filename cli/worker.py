@@ -173,7 +173,7 @@ def control_plane(
             err=True,
         )
 
-    opts = cfg.options()
+    opts = cfg.base()
 
     def serves(tenant: str) -> bool:
         # One namespace per control-plane worker: a tenant mapped elsewhere is served by
@@ -307,7 +307,10 @@ def cluster(
     # After the flags are checked, before connecting: a port in use fails at once.
     metrics = _setup_telemetry(f"headway-cluster-{name}", metrics_port)
 
-    by_namespace = cfg.options().tenants_of(tenants)
+    by_namespace = cfg.base().tenants_of(tenants)
+    # The first connection goes to a namespace it serves (a namespace-scoped credential
+    # may be refused any other).
+    cfg = replace(cfg, namespace=next(iter(by_namespace)))
 
     async def body(client: Client, stop: asyncio.Event) -> None:
         # A client per other namespace the served tenants live in (the mapping).
