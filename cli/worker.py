@@ -244,10 +244,12 @@ def control_plane(
     "serve_tenants",
     multiple=True,
     envvar="HEADWAY_WORKER_TENANTS",
-    help="A tenant whose scheduler gets this cluster's capacity (repeat it, or list them "
-    "in the env var separated by spaces, for a cluster shared by several tenants: each "
-    "gets the same capacity, every pod counted). [env HEADWAY_WORKER_TENANTS; default: "
-    "--tenant]",
+    help="A tenant this cluster serves: its scheduler gets the cluster's capacity, and "
+    "given this, the worker refuses (and logs) any other tenant's admissions (repeat it, or "
+    "list them in the env var separated by spaces, for a cluster shared by several "
+    "tenants: each gets the same capacity, every pod counted). [env "
+    "HEADWAY_WORKER_TENANTS; default: --tenant gets the reports, and any tenant's work "
+    "runs]",
 )
 @_metrics_port_option
 @click.pass_context
@@ -270,6 +272,7 @@ def cluster(
     (one JSON line each, fsync'd), for audits."""
     cfg = settings(ctx)
     tenants = list(dict.fromkeys(check_name(t, "--serve-tenant") for t in serve_tenants))
+    explicit = bool(tenants)
     tenants = tenants or [cfg.tenant]
     entry = fleet_cluster(load_fleet(fleet_path), name)
     from headway.worker.cluster import make_backend, run_cluster_worker
@@ -327,7 +330,15 @@ def cluster(
             err=True,
         )
         await run_cluster_worker(
-            client, name, impl, tenants=tenants, stop=stop, clients=clients or None
+            client,
+            name,
+            impl,
+            tenants=tenants,
+            stop=stop,
+            clients=clients or None,
+            # Tenants given explicitly are the only ones served; without, any tenant's
+            # work in the namespace runs (the development default).
+            refuse_other_tenants=explicit,
         )
 
     if backend == "kubernetes":

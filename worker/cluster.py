@@ -336,11 +336,15 @@ async def run_cluster_worker(
     incarnation: Incarnation | None = None,
     gc_interval_s: float | None = 300.0,
     clients: Mapping[str, Client] | None = None,
+    refuse_other_tenants: bool = False,
 ) -> None:
     """Run the cluster worker of ``cluster`` until ``stop`` is set (forever if None).
 
-    It serves ``tenants`` only: an admission for any other tenant (or for a served tenant
-    from another namespace than its own) is refused and logged (:class:`TenantGuard`).
+    With ``refuse_other_tenants`` it serves ``tenants`` only: an admission for any other
+    tenant (or for a served tenant from another namespace than its own) is refused and
+    logged (:class:`TenantGuard`). Without, it runs any tenant's admissions that reach
+    its task queue in its namespaces (the development default: one namespace, tenants
+    made up on the fly), and still reports capacity to ``tenants`` only.
 
     Args:
         client: Connected Temporal client (the worker's only connection to the control
@@ -361,6 +365,7 @@ async def run_cluster_worker(
             also runs once at start (None: at start only).
         clients: The client of each served tenant that lives in another namespace than
             ``client``'s: the worker polls the cluster's task queue in each namespace.
+        refuse_other_tenants: Refuse (and log) admissions of tenants not in ``tenants``.
     """
     stop = stop or asyncio.Event()
     me = incarnation or Incarnation()
@@ -420,18 +425,18 @@ def _activity_worker(
     client: Client,
     cluster: str,
     backend: ClusterBackend,
-    tenants: Sequence[str],
+    tenants: Sequence[str] | None,
     heartbeat_s: float,
     max_concurrent_activities: int,
 ) -> Worker:
     """The worker polling ``cluster``'s task queue in ``client``'s namespace, for
-    ``tenants`` only."""
+    ``tenants`` only (None: any tenant's)."""
     acts = ClusterActivities(backend, client, heartbeat_s=heartbeat_s)
     return Worker(
         client,
         task_queue=cluster_task_queue(cluster),
         activities=acts.activities(),
-        interceptors=[TenantGuard(cluster, client.namespace, tenants)],
+        interceptors=[TenantGuard(cluster, client.namespace, tenants)] if tenants else [],
         max_concurrent_activities=max_concurrent_activities,
         # A burst of admissions to this cluster is picked up by as many pollers as
         # its backlog needs, not five.

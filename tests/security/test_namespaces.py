@@ -202,6 +202,7 @@ async def test_a_cluster_worker_refuses_an_admission_of_a_tenant_it_does_not_ser
             tenants=["owner"],
             stop=stop,
             gc_interval_s=None,
+            refuse_other_tenants=True,
         )
     )
     req = DispatchRequest(
