@@ -45,7 +45,13 @@ calibration before the server starts and after it stops, and their mean; see
 as on a 100 us machine. Rates here are set by the CPU of two processes (worker and
 server) on two cores, so their normalized values are a rough guide; ratios need none.
 
-    python bench/e2e_throughput.py [--n 300] [--rounds 5]
+With ``--control-planes 2`` the Headway side is served by two control-plane workers:
+this process's and one ``headway worker control-plane`` process beside it, on the same
+server and the same store (``--database-url``, e.g. PostgreSQL; default a SQLite file
+both share), as a scaled-out control plane runs (``control_planes`` in the JSON).
+
+    python bench/e2e_throughput.py [--n 300] [--rounds 5] [--control-planes 2]
+        [--database-url postgresql+psycopg://...]
 """
 
 from __future__ import annotations
@@ -54,7 +60,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -202,6 +210,53 @@ async def headway_round(
     return rate, reading
 
 
+#: The bench's cluster as a fleet file, for the extra control planes (no queues: they
+#: seed nothing; the bench creates its tenant's queue itself).
+FLEET_YAML = """\
+clusters:
+  - name: sim
+    node_groups:
+      - {name: cpu, count: 1000, shape: {cpu: 64, memory: 256Gi}}
+"""
+
+
+def start_control_planes(n: int, address: str, database_url: str, tmp: str) -> list[Any]:
+    """``n`` control-plane worker processes beside this one (same server and store)."""
+    fleet = Path(tmp) / "bench-fleet.yaml"
+    fleet.write_text(FLEET_YAML)
+    procs = []
+    for i in range(n):
+        log = open(Path(tmp) / f"control-plane-{i + 2}.log", "wb")  # noqa: SIM115
+        argv = [sys.executable, "-m", "headway.cli", "--address", address, "--tenant", "bench"]
+        argv += ["worker", "control-plane", "--fleet", str(fleet), "--database-url", database_url]
+        procs.append(
+            subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        )
+    return procs
+
+
+async def wait_control_pollers(client: Client, n: int, timeout_s: float = 120.0) -> None:
+    """Until ``n`` distinct workers poll the control plane's workflow task queue."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        resp = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=client.namespace,
+                task_queue=TaskQueue(name=protocol.CONTROL_TASK_QUEUE),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+            )
+        )
+        if len({p.identity for p in resp.pollers}) >= n:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fewer than {n} control-plane workers poll after {timeout_s}s")
+        await asyncio.sleep(0.5)
+
+
 def per_item(a: tuple[float, float], b: tuple[float, float], n: int) -> tuple[float, float]:
     """CPU ms per workflow between two meter readings."""
     return ((b[0] - a[0]) * 1000 / n, (b[1] - a[1]) * 1000 / n)
@@ -211,6 +266,13 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument(
+        "--control-planes",
+        type=int,
+        default=1,
+        help="control-plane workers serving the Headway side (this process's and N-1 others)",
+    )
+    ap.add_argument("--database-url", default=None, help="the store (default: a SQLite file)")
     args = ap.parse_args()
     from _common import (  # type: ignore[import-not-found]
         CpuMeter,
@@ -231,9 +293,12 @@ async def main() -> None:
     meter = CpuMeter()
     client = env.client
     tmp = tempfile.mkdtemp()
-    store = LeaseStore(f"sqlite:///{tmp}/bench.db")
+    database_url = args.database_url or f"sqlite:///{tmp}/bench.db"
+    store = LeaseStore(database_url)
     fleet = big_fleet()
     tenant = "bench"
+    address = client.service_client.config.target_host
+    others = start_control_planes(args.control_planes - 1, address, database_url, tmp)
     try:
         async with contextlib.AsyncExitStack() as stack:
             for w in side_workers(client, store, fleet):
@@ -242,6 +307,7 @@ async def main() -> None:
             # process-wide, so every side runs with it.
             frozen = freeze_startup()
             young = set_young_threshold()
+            await wait_control_pollers(client, args.control_planes)
             await hw.upsert_queue(client, tenant, {"name": "bench"}, fleet)
             await bare_round(client, args.n // 2, "warm", BARE_ACTIVITY_QUEUE)
             await bare_round(client, args.n // 2, "warm-eager", None)
@@ -309,6 +375,9 @@ async def main() -> None:
             sched = client.get_workflow_handle(protocol.scheduler_workflow_id(tenant))
             stats = await sched.query("stats")
     finally:
+        for proc in others:
+            proc.terminate()
+            proc.wait(timeout=30)
         store.close()
         await env.shutdown()
     calib = calibration(calib_start, calib_us())
@@ -344,6 +413,8 @@ async def main() -> None:
             )
         },
         "clusters": 1,
+        "control_planes": args.control_planes,
+        "store": database_url.split(":", 1)[0],
         "sdk_fastpath": fastpath,
         "gc_frozen": frozen,
         "gc_young_threshold": young,

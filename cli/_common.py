@@ -14,13 +14,14 @@ import socket
 import sys
 import sysconfig
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import click
 import yaml
 from headway import protocol
+from headway.connection import ConnectionOptions, ConnectionSettingsError, explain_failure
 from headway.scheduler.model import ClusterSpec
 from headway.scheduler.scenario import Fleet
 
@@ -48,6 +49,31 @@ class Settings:
     tenant: str = protocol.DEFAULT_TENANT
     #: The Temporal Web UI's base URL for links (None: ``$HEADWAY_UI_URL`` or derived).
     ui_url: str | None = None
+    #: TLS, API key and the tenant -> namespace mapping (``headway.connection``), with
+    #: the namespace of tenants it does not map; None: plain, namespace as above.
+    connection: ConnectionOptions | None = None
+
+    def options(self) -> ConnectionOptions:
+        """The connection options of this invocation (address and namespace as above)."""
+        return replace(self.base(), namespace=self.namespace)
+
+    def base(self) -> ConnectionOptions:
+        """The options before the tenant's mapping: ``namespace_for`` answers from here."""
+        if self.connection is None:
+            return ConnectionOptions(self.address, self.namespace)
+        return replace(self.connection, address=self.address)
+
+
+def for_tenant(cfg: Settings, tenant: str) -> Settings:
+    """``cfg`` acting for ``tenant``, in the namespace the mapping gives it (a
+    command's own ``--tenant``); a conflicting ``--namespace`` is a usage error."""
+    if tenant == cfg.tenant:
+        return cfg
+    try:
+        opts = cfg.base().for_tenant(tenant)
+    except ConnectionSettingsError as exc:
+        raise click.UsageError(str(exc)) from None
+    return replace(cfg, tenant=tenant, namespace=opts.namespace)
 
 
 def settings(ctx: click.Context) -> Settings:
@@ -62,29 +88,34 @@ CONNECT_TIMEOUT_S = 15.0
 
 
 async def connect(cfg: Settings) -> Client:
-    """A Temporal client for ``cfg``, or a :class:`click.ClickException` saying why not."""
-    from headway import telemetry
-    from temporalio.client import Client
-
+    """A Temporal client for ``cfg``, or a :class:`click.ClickException` saying why not
+    (:class:`Unreachable` when the server did not answer, worth waiting for)."""
+    opts = cfg.options()
     try:
-        return await asyncio.wait_for(
-            Client.connect(
-                cfg.address,
-                namespace=cfg.namespace,
-                interceptors=telemetry.interceptors(),
-                data_converter=protocol.data_converter(),
-            ),
-            CONNECT_TIMEOUT_S,
-        )
+        return await opts.connect(timeout_s=CONNECT_TIMEOUT_S)
+    except ConnectionSettingsError as exc:
+        raise click.ClickException(str(exc)) from None
     except TimeoutError as exc:
         raise unreachable(cfg, f"no answer in {CONNECT_TIMEOUT_S:.0f}s") from exc
     except Exception as exc:
-        raise unreachable(cfg, _short_cause(str(exc))) from exc
+        raise connect_failure(cfg, exc) from None
+
+
+def connect_failure(cfg: Settings, exc: BaseException) -> click.ClickException:
+    """One line for a failed connection: credentials and TLS named, else unreachable."""
+    line = explain_failure(cfg.options(), exc)
+    if line.startswith("cannot reach Temporal at"):
+        return unreachable(cfg, _short_cause(str(exc)))
+    return click.ClickException(line)
+
+
+class Unreachable(click.ClickException):
+    """The server did not answer (as opposed to refusing the credentials)."""
 
 
 def unreachable(cfg: Settings, why: str) -> click.ClickException:
     """The one line every command prints when the server cannot be reached."""
-    return click.ClickException(
+    return Unreachable(
         f"cannot reach Temporal at {cfg.address} ({why}). Is it running? Start one with "
         "`headway server start` or `headway up`, or point --address "
         f"(env {ADDRESS_ENV}) at it."
@@ -118,7 +149,9 @@ async def connect_retrying(cfg: Settings, timeout_s: float = 60.0) -> Client:
     while True:
         try:
             return await connect(cfg)
-        except click.ClickException:
+        except Unreachable:
+            # Only a server still starting is worth the wait: refused credentials or a
+            # bad certificate fail at once.
             if loop.time() >= deadline:
                 raise
             await asyncio.sleep(0.5)
@@ -158,6 +191,8 @@ def rpc_error(cfg: Settings, exc: Exception) -> click.ClickException:
     if not isinstance(exc, RPCError):
         return click.ClickException(str(exc))
     msg = exc.message or str(exc)
+    if exc.status in (RPCStatusCode.UNAUTHENTICATED, RPCStatusCode.PERMISSION_DENIED):
+        return click.ClickException(explain_failure(cfg.options(), exc))
     if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
         return unreachable(cfg, _short_cause(msg))
     if exc.status == RPCStatusCode.NOT_FOUND:

@@ -71,7 +71,7 @@ class Stack:
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**os.environ, **(env or {})},
+                env={**local_env(), **(env or {})},
             )
         finally:
             handle.close()  # the child holds its own copy
@@ -95,6 +95,16 @@ class Stack:
             _signal_group(child.proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.proc.wait(timeout=5)
+
+
+def local_env() -> dict[str, str]:
+    """This process's environment without the connection settings: the stack's server is
+    local and plain (one namespace, no TLS), whatever the user's shell points at."""
+    from headway import connection
+
+    drop = {v for names in connection.ENV.values() for v in names}
+    drop |= {connection.CONFIG_ENV, connection.PROFILE_ENV, connection.TENANT_NAMESPACES_ENV}
+    return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -214,17 +224,15 @@ async def wait_ready(
     import asyncio
 
     from headway import protocol
+    from headway.connection import ConnectionOptions
     from headway.workflows import client as hw
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-    from temporalio.client import Client
 
     from .queues import fetch_queues
 
-    client = await Client.connect(
-        stack.address, namespace=namespace, data_converter=protocol.data_converter()
-    )
+    client = await ConnectionOptions(stack.address, namespace).connect(interceptors=[])
     wanted = [(protocol.CONTROL_TASK_QUEUE, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)] + [
         (protocol.cluster_task_queue(c.name), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
         for c in fleet.clusters

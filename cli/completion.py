@@ -18,7 +18,8 @@ import click
 from click.shell_completion import CompletionItem
 from headway import protocol
 
-from ._common import DEFAULT_ADDRESS, Settings
+from ._common import Settings
+from ._connection import settings_from_options
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -64,22 +65,18 @@ def completion(shell: str) -> None:
 def _settings(ctx: click.Context) -> Settings:
     """The group's options as typed so far (completion runs no group callback)."""
     params = ctx.find_root().params
-    return Settings(
-        address=params.get("address") or DEFAULT_ADDRESS,
-        namespace=params.get("namespace") or protocol.DEFAULT_NAMESPACE,
-        tenant=params.get("tenant") or protocol.DEFAULT_TENANT,
-    )
+    tenant = params.get("tenant") or protocol.DEFAULT_TENANT
+    return settings_from_options(ctx, params, tenant=tenant, ui_url=None)
 
 
 def _ask(ctx: click.Context, names: Callable[[Client, str], Awaitable[list[str]]]) -> list[str]:
-    cfg = _settings(ctx)
+    try:
+        cfg = _settings(ctx)
+    except click.UsageError:  # a completion offers nothing rather than failing the shell
+        return []
 
     async def go() -> list[str]:
-        from temporalio.client import Client
-
-        client = await Client.connect(
-            cfg.address, namespace=cfg.namespace, data_converter=protocol.data_converter()
-        )
+        client = await cfg.options().connect(interceptors=[])
         return await names(client, cfg.tenant)
 
     try:

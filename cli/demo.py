@@ -22,6 +22,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
+from headway.connection import ConnectionOptions
 from headway.sdk.client import Action, Resources, Task
 from headway.sdk.client import Client as HeadwayClient
 
@@ -182,8 +183,11 @@ async def _scenario(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    # The demo's own local server: plain, whatever the shell's connection settings say.
     hw = await HeadwayClient.connect(
-        stack.address, namespace=namespace, tenant=tenant, ui_url=stack.ui_url
+        tenant=tenant,
+        ui_url=stack.ui_url,
+        connection=ConnectionOptions(stack.address, namespace),
     )
     for entry in QUEUES:
         spec = queue_from_entry(entry)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from headway.connection import ConnectionOptions
 from headway.sdk.client import Action, Resources, Task
 from headway.sdk.client import Client as HeadwayClient
 
@@ -82,8 +83,11 @@ async def run_story(
     timeout_s: float,
 ) -> bool:
     """Both acts, their summary, and the review of act 1 (report written to ``report``)."""
+    # The demo's own local server: plain, whatever the shell's connection settings say.
     hw = await HeadwayClient.connect(
-        stack.address, namespace=namespace, tenant=tenant, ui_url=stack.ui_url
+        tenant=tenant,
+        ui_url=stack.ui_url,
+        connection=ConnectionOptions(stack.address, namespace),
     )
     console.print()
     console.print("[bold]The seed story: one backfill eats production[/]")

@@ -11,7 +11,8 @@ from headway import __version__, protocol
 
 # clusters and queues add their commands to the verb groups when imported.
 from . import clusters, queues  # noqa: F401
-from ._common import ADDRESS_ENV, DEFAULT_ADDRESS, UI_URL_ENV, Settings, check_name
+from ._common import UI_URL_ENV, check_name
+from ._connection import connection_options, settings_from_options
 from ._groups import create, delete, describe, drain, get, resume, update
 from .actions import cancel
 from .completion import completion
@@ -60,16 +61,7 @@ def _check_tenant(ctx: click.Context, param: click.Parameter, value: str) -> str
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
     epilog=EPILOG,
 )
-@click.option(
-    "--address",
-    envvar=ADDRESS_ENV,
-    default=DEFAULT_ADDRESS,
-    show_default=True,
-    help=f"Temporal frontend host:port. [env {ADDRESS_ENV}]",
-)
-@click.option(
-    "--namespace", default=protocol.DEFAULT_NAMESPACE, show_default=True, help="Temporal namespace."
-)
+@connection_options
 @click.option(
     "--tenant",
     default=protocol.DEFAULT_TENANT,
@@ -87,10 +79,10 @@ def _check_tenant(ctx: click.Context, param: click.Parameter, value: str) -> str
 )
 @click.version_option(__version__, prog_name="headway")
 @click.pass_context
-def cli(ctx: click.Context, address: str, namespace: str, tenant: str, ui_url: str | None) -> None:
+def cli(ctx: click.Context, /, tenant: str, ui_url: str | None, **conn: str | bool | None) -> None:
     """Headway decides when and where AI and batch work runs on a fleet of Kubernetes
     clusters: queues with priority, concurrency, quotas and cluster routing, on Temporal."""
-    ctx.obj = Settings(address=address, namespace=namespace, tenant=tenant, ui_url=ui_url)
+    ctx.obj = settings_from_options(ctx, conn, tenant=tenant, ui_url=ui_url)
 
 
 for command in (

@@ -20,7 +20,7 @@ from headway.sdk.client import (
 from headway.sdk.client import Client as HeadwayClient
 from headway.sdk.kube import CLI_NAMES, kube_options
 
-from ._common import check_id, check_name, settings, ui_url, with_client
+from ._common import check_id, check_name, for_tenant, settings, ui_url, with_client
 from ._output import emit_structured, human_details, output_option, wall_times
 
 if TYPE_CHECKING:
@@ -185,6 +185,7 @@ def submit(
     """
     cfg = settings(ctx)
     tenant = check_name(tenant, "--tenant") if tenant else cfg.tenant
+    cfg = for_tenant(cfg, tenant)  # reached in its own namespace (tenant-namespaces)
     check_name(queue, "--queue")
     if run:
         check_id(run, "--run")
@@ -365,6 +366,7 @@ def why(ctx: click.Context, action_id: str, tenant: str | None, output: str) -> 
     """Why ACTION_ID is where it is: its state, queue, cluster and the scheduler's reasons."""
     cfg = settings(ctx)
     hw_tenant = tenant or cfg.tenant
+    cfg = for_tenant(cfg, hw_tenant)
 
     async def go(client: Client) -> Any:
         return await HeadwayClient(client, tenant=hw_tenant).why(action_id)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import click
@@ -194,6 +195,13 @@ def control_plane(
             err=True,
         )
 
+    opts = cfg.base()
+
+    def serves(tenant: str) -> bool:
+        # One namespace per control-plane worker: a tenant mapped elsewhere is served by
+        # the control plane of its own namespace.
+        return opts.namespace_for(tenant) == cfg.namespace
+
     async def body(client: Client, stop: asyncio.Event) -> None:
         # The gauges (waiting by reason, blocked heads, free capacity) come from the
         # schedulers' own queries, polled beside the worker.
@@ -213,6 +221,7 @@ def control_plane(
                 on_ready=ready,
                 history_retention=history_retention,
                 cluster_silent_s=cluster_silent_s,
+                serves=serves,
             )
         finally:
             stop.set()
@@ -269,10 +278,12 @@ def control_plane(
     "serve_tenants",
     multiple=True,
     envvar="HEADWAY_WORKER_TENANTS",
-    help="A tenant whose scheduler gets this cluster's capacity (repeat it, or list them "
-    "in the env var separated by spaces, for a cluster shared by several tenants: each "
-    "gets the same capacity, every pod counted). [env HEADWAY_WORKER_TENANTS; default: "
-    "--tenant]",
+    help="A tenant this cluster serves: its scheduler gets the cluster's capacity, and "
+    "given this, the worker refuses (and logs) any other tenant's admissions (repeat it, or "
+    "list them in the env var separated by spaces, for a cluster shared by several "
+    "tenants: each gets the same capacity, every pod counted). [env "
+    "HEADWAY_WORKER_TENANTS; default: --tenant gets the reports, and any tenant's work "
+    "runs]",
 )
 @_metrics_port_option
 @click.pass_context
@@ -296,6 +307,7 @@ def cluster(
     (one JSON line each, fsync'd), for audits."""
     cfg = settings(ctx)
     tenants = list(dict.fromkeys(check_name(t, "--serve-tenant") for t in serve_tenants))
+    explicit = bool(tenants)
     tenants = tenants or [cfg.tenant]
     entry = fleet_cluster(load_fleet(fleet_path), name)
     from headway.worker.cluster import make_backend, run_cluster_worker
@@ -345,16 +357,39 @@ def cluster(
     # After the flags are checked, before connecting: a port in use fails at once.
     metrics = _setup_telemetry(f"headway-cluster-{name}", metrics_port)
 
+    by_namespace = cfg.base().tenants_of(tenants)
+    # The first connection goes to a namespace it serves (a namespace-scoped credential
+    # may be refused any other).
+    cfg = replace(cfg, namespace=next(iter(by_namespace)))
+
     async def body(client: Client, stop: asyncio.Event) -> None:
+        # A client per other namespace the served tenants live in (the mapping).
+        clients: dict[str, Client] = {}
+        for ns, served in by_namespace.items():
+            if ns != client.namespace:
+                other = await connect_retrying(replace(cfg, namespace=ns), timeout_s=120.0)
+                clients.update(dict.fromkeys(served, other))
+        where = "; ".join(f"namespace {ns}: {', '.join(ts)}" for ns, ts in by_namespace.items())
         click.echo(
-            f"cluster worker ready: cluster {name} ({backend}), Temporal {cfg.address}"
-            f" (namespace {cfg.namespace}), task queue {protocol.cluster_task_queue(name)},"
-            f" tenant{'s' if len(tenants) > 1 else ''} {', '.join(tenants)}{metrics}",
+            f"cluster worker ready: cluster {name} ({backend}), Temporal {cfg.address},"
+            f" task queue {protocol.cluster_task_queue(name)},"
+            f" tenant{'s' if len(tenants) > 1 else ''} by {where}{metrics}",
             err=True,
         )
         # What a dispatch is checked against while the backend cannot see its nodes.
         shapes = [g.shape for g in entry.node_groups] if entry is not None else []
-        await run_cluster_worker(client, name, impl, tenants=tenants, stop=stop, shapes=shapes)
+        await run_cluster_worker(
+            client,
+            name,
+            impl,
+            tenants=tenants,
+            stop=stop,
+            shapes=shapes,
+            clients=clients or None,
+            # Tenants given explicitly are the only ones served; without, any tenant's
+            # work in the namespace runs (the development default).
+            refuse_other_tenants=explicit,
+        )
 
     if backend == "kubernetes":
         _check_kube_config(kubeconfig, kube_context)

@@ -29,9 +29,12 @@ import os
 import threading
 import time
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from headway.connection import ConnectionOptions, ConnectionSettingsError, explain_failure
+from headway.connection import load as load_connection
 
 if TYPE_CHECKING:
     import google.protobuf.message
@@ -60,21 +63,34 @@ DEFAULT_ADDRESS = "localhost:7233"
 
 @dataclass(frozen=True)
 class Connection:
-    """Where the SDK submits: a Temporal address and namespace, and the tenant."""
+    """Where the SDK submits: a Temporal address and namespace, and the tenant; how
+    (TLS, API key) is in ``options``, else read from the environment when connecting."""
 
     address: str
     namespace: str
     tenant: str
+    options: ConnectionOptions | None = None
 
     @classmethod
     def from_env(cls, **given: str | None) -> Connection:
         """``given`` values, else ``HEADWAY_TEMPORAL_ADDRESS`` / ``HEADWAY_NAMESPACE`` /
-        ``HEADWAY_TENANT``, else the defaults (``localhost:7233``, ``default``, ``default``)."""
-        return cls(
-            address=given.get("address") or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS,
-            namespace=given.get("namespace") or os.environ.get(NAMESPACE_ENV) or "default",
-            tenant=given.get("tenant") or os.environ.get(TENANT_ENV) or "default",
-        )
+        ``HEADWAY_TENANT`` (and the rest of ``headway.connection``'s settings: TLS, API
+        key, config file, the tenant's namespace), else the defaults (``localhost:7233``,
+        ``default``, ``default``).
+
+        Raises:
+            ConnectionSettingsError: a setting is wrong (named).
+        """
+        tenant = given.get("tenant") or os.environ.get(TENANT_ENV) or "default"
+        opts = load_connection(
+            address=given.get("address"), namespace=given.get("namespace")
+        ).for_tenant(tenant)
+        return cls(address=opts.address, namespace=opts.namespace, tenant=tenant, options=opts)
+
+    def resolved(self) -> ConnectionOptions:
+        """The options to connect with (``address`` and ``namespace`` as given here)."""
+        base = self.options if self.options is not None else load_connection()
+        return replace(base, address=self.address, namespace=self.namespace)
 
 
 class ServerUnreachable(ConnectionError):
@@ -88,7 +104,7 @@ class Engine:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._clients: dict[tuple[str, str], asyncio.Future[TemporalClient]] = {}
+        self._clients: dict[ConnectionOptions, asyncio.Future[TemporalClient]] = {}
         self._calls: set[asyncio.Future[Any]] = set()
         self._rpcs: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -159,7 +175,7 @@ class Engine:
 
     async def client(self, conn: Connection) -> TemporalClient:
         """The client for ``conn``, connected once (call on the SDK's loop)."""
-        key = (conn.address, conn.namespace)
+        key = conn.resolved()
         fut = self._clients.get(key)
         if fut is None or (fut.done() and fut.exception() is not None):
             fut = asyncio.ensure_future(self._connect(conn))
@@ -169,13 +185,18 @@ class Engine:
     async def _connect(self, conn: Connection) -> TemporalClient:
         from headway import protocol, telemetry
         from temporalio.client import Client as TemporalClient
-        from temporalio.service import ConnectConfig, ServiceClient
+        from temporalio.service import ServiceClient
 
+        opts = conn.resolved()
         try:
             inner = await self._rpc(
-                ServiceClient.connect(ConnectConfig(target_host=conn.address))  # type: ignore[arg-type]
+                ServiceClient.connect(opts.connect_config())  # type: ignore[arg-type]
             )
-        except RuntimeError as exc:
+        except Exception as exc:
+            line = explain_failure(opts, exc)
+            if not line.startswith("cannot reach Temporal"):
+                # Credentials or TLS: retrying the same settings cannot help.
+                raise ConnectionSettingsError(line) from None
             raise ServerUnreachable(
                 f"address: cannot reach Temporal at {conn.address!r} ({str(exc).split(':')[0]});"
                 f" is Headway up? Point the SDK at it with headway.init(address=...) or"

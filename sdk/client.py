@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from headway import protocol
+from headway.connection import ConnectionOptions, ConnectionSettingsError, explain_failure
+from headway.connection import load as load_connection
 from headway.protocol import DemandRequest, KubeOptions, SubmitRequest
 from headway.scheduler.resources import parse_cpu, parse_gpu, parse_memory
 
@@ -360,22 +362,59 @@ class Client:
     @classmethod
     async def connect(
         cls,
-        address: str = "localhost:7233",
+        address: str | None = None,
         *,
-        namespace: str = protocol.DEFAULT_NAMESPACE,
+        namespace: str | None = None,
         tenant: str = protocol.DEFAULT_TENANT,
         ui_url: str | None = None,
+        tls: bool | None = None,
+        tls_ca_path: str | None = None,
+        tls_cert_path: str | None = None,
+        tls_key_path: str | None = None,
+        tls_server_name: str | None = None,
+        api_key: str | None = None,
+        config: str | None = None,
+        profile: str | None = None,
+        connection: ConnectionOptions | None = None,
     ) -> Client:
-        """Connect to the Temporal server Headway runs on."""
-        from headway import telemetry
-        from temporalio.client import Client as TemporalClient
+        """Connect to the Temporal server Headway runs on.
 
-        temporal = await TemporalClient.connect(
-            address,
-            namespace=namespace,
-            interceptors=telemetry.interceptors(),
-            data_converter=protocol.data_converter(),
-        )
+        Settings not given come from the environment and the config file as for the CLI
+        (``headway.connection``: ``HEADWAY_TEMPORAL_ADDRESS``, ``HEADWAY_TEMPORAL_TLS_*``,
+        ``HEADWAY_TEMPORAL_API_KEY``, ``HEADWAY_CONFIG``, ...); ``connection`` instead
+        uses exactly those options. The tenant is reached in its namespace when the
+        tenant-namespaces mapping names it.
+
+        Raises:
+            ConnectionSettingsError: a setting is wrong, or the server refused the
+                credentials or the TLS handshake (one line naming what to fix).
+        """
+        if connection is None:
+            connection = load_connection(
+                address=address,
+                namespace=namespace,
+                tls=tls,
+                tls_ca_path=tls_ca_path,
+                tls_cert_path=tls_cert_path,
+                tls_key_path=tls_key_path,
+                tls_server_name=tls_server_name,
+                api_key=api_key,
+                config=config,
+                profile=profile,
+            )
+        else:
+            connection = replace(
+                connection,
+                address=address or connection.address,
+                namespace=namespace or connection.namespace,
+            )
+        connection = connection.for_tenant(tenant)
+        try:
+            temporal = await connection.connect()
+        except ConnectionSettingsError:
+            raise
+        except Exception as exc:
+            raise ConnectionSettingsError(explain_failure(connection, exc)) from None
         return cls(temporal, tenant=tenant, ui_url=ui_url)
 
     def ui_link(self, workflow_id: str) -> str:

@@ -26,7 +26,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -38,6 +38,7 @@ from headway.protocol import (
     CAPACITY_SIGNAL,
     DEFAULT_TENANT,
     CapacityReport,
+    DispatchRequest,
     cluster_task_queue,
     report_for,
     scheduler_workflow_id,
@@ -45,12 +46,21 @@ from headway.protocol import (
 from headway.scheduler.model import ClusterSpec, NodeGroup
 from headway.scheduler.resources import Pod
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import PollerBehaviorAutoscaling, Worker
+from temporalio.worker import (
+    ActivityInboundInterceptor,
+    ExecuteActivityInput,
+    Interceptor,
+    PollerBehaviorAutoscaling,
+    Worker,
+)
 
 __all__ = [
     "DEFAULT_SIM_CLUSTER",
+    "TENANT_NOT_SERVED",
     "Incarnation",
+    "TenantGuard",
     "capacity_loop",
     "collect_garbage",
     "gc_loop",
@@ -111,7 +121,60 @@ def make_backend(
     raise ValueError(f"backend: {kind!r} is not a backend (one of: sim, kubernetes)")
 
 
-async def _send_report(client: Client, tenant: str, report: CapacityReport) -> bool:
+#: The failure type of an admission refused because its tenant is not this worker's.
+TENANT_NOT_SERVED = "TenantNotServed"
+
+
+class TenantGuard(Interceptor):
+    """Refuses (and logs) an admission for a tenant this worker does not serve in the
+    namespace it came from: the cluster runs only the work of the tenants its operator
+    gave it, whoever else can reach its task queue."""
+
+    def __init__(self, cluster: str, namespace: str, tenants: Sequence[str]) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.tenants = frozenset(tenants)
+
+    def refusal(self, tenant: str) -> str | None:
+        """Why an admission for ``tenant`` is refused (None: it is served)."""
+        if tenant in self.tenants:
+            return None
+        return (
+            f"cluster worker of {self.cluster} does not serve tenant {tenant!r} in namespace "
+            f"{self.namespace!r} (it serves {', '.join(sorted(self.tenants))})"
+        )
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _GuardedActivity(next, self)
+
+
+class _GuardedActivity(ActivityInboundInterceptor):
+    def __init__(self, next: ActivityInboundInterceptor, guard: TenantGuard) -> None:
+        super().__init__(next)
+        self._guard = guard
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        req = input.args[0] if input.args else None
+        if isinstance(req, DispatchRequest):
+            why = self._guard.refusal(req.tenant)
+            if why is not None:
+                log.warning("refused action %s (%s): %s", req.action_id, req.workflow_id, why)
+                # Not retryable: no retry makes this worker serve the tenant.
+                raise ApplicationError(why, type=TENANT_NOT_SERVED, non_retryable=True)
+        return await super().execute_activity(input)
+
+
+async def _send_report(
+    client: Client, tenant: str, report: CapacityReport, served: Sequence[str] | None = None
+) -> bool:
+    if served is not None and tenant not in served:
+        log.warning(
+            "refused a capacity report of %s for tenant %r: not served (serves %s)",
+            report.cluster,
+            tenant,
+            ", ".join(served),
+        )
+        return False
     try:
         await client.get_workflow_handle(scheduler_workflow_id(tenant)).signal(
             CAPACITY_SIGNAL, report
@@ -135,8 +198,12 @@ async def capacity_loop(
     retry_s: float = 2.0,
     resync_s: float = 30.0,
     incarnation: Incarnation | None = None,
+    clients: Mapping[str, Client] | None = None,
 ) -> None:
     """Report capacity to each tenant's scheduler now, and again whenever it changes.
+
+    ``clients``: the client of each tenant that lives in another namespace than
+    ``client``'s (the tenant-namespaces mapping).
 
     Changes are coalesced over ``debounce_s`` so a gang binding pod by pod costs one
     signal. A scheduler that is not running yet is retried every ``retry_s``; every
@@ -158,7 +225,8 @@ async def capacity_loop(
             failed = targets
         else:
             for tenant in targets:
-                if not await _send_report(client, tenant, report_for(report, tenant)):
+                to = (clients or {}).get(tenant, client)
+                if not await _send_report(to, tenant, report_for(report, tenant), tenants):
                     failed.append(tenant)
         try:
             version = await asyncio.wait_for(
@@ -186,19 +254,40 @@ async def _workflow_closed(client: Client, workflow_id: str, *, missing: bool) -
     return desc.status is not None and desc.status != WorkflowExecutionStatus.RUNNING
 
 
-async def collect_garbage(client: Client, backend: ClusterBackend) -> list[str]:
+def _tenant_of(workflow_id: str, tenants: Sequence[str]) -> str | None:
+    """The served tenant whose action ``workflow_id`` is (the longest that fits)."""
+    fits = [t for t in tenants if workflow_id.startswith(f"headway-action-{t}-")]
+    return max(fits, key=len) if fits else None
+
+
+async def collect_garbage(
+    client: Client,
+    backend: ClusterBackend,
+    clients: Mapping[str, Client] | None = None,
+    tenants: Sequence[str] = (),
+) -> list[str]:
     """Delete the pods (and forget the records) of every action whose workflow has ended.
 
     A workflow id derived from a sanitized label (pods made before the id was recorded
     on them) is trusted only when Temporal says the workflow is closed, never when it
     cannot be found: it might name another workflow than the action's.
 
+    With ``clients`` (tenants in several namespaces), each action's workflow is asked in
+    its tenant's namespace, and the pods of a tenant not in ``tenants`` are left alone:
+    its workflow lives where this worker cannot look.
+
     Returns:
         The ids of the actions whose pods were deleted.
     """
     cleaned: list[str] = []
     for found in await backend.headway_pods():
-        closed = await _workflow_closed(client, found.workflow_id, missing=found.exact)
+        ask = client
+        if clients:
+            tenant = _tenant_of(found.workflow_id, tenants)
+            if tenant is None:
+                continue
+            ask = clients.get(tenant, client)
+        closed = await _workflow_closed(ask, found.workflow_id, missing=found.exact)
         if not closed:
             continue
         try:
@@ -214,11 +303,17 @@ async def collect_garbage(client: Client, backend: ClusterBackend) -> list[str]:
     return cleaned
 
 
-async def gc_loop(client: Client, backend: ClusterBackend, interval_s: float | None) -> None:
+async def gc_loop(
+    client: Client,
+    backend: ClusterBackend,
+    interval_s: float | None,
+    clients: Mapping[str, Client] | None = None,
+    tenants: Sequence[str] = (),
+) -> None:
     """Collect garbage now, then every ``interval_s`` (once only when None)."""
     while True:
         try:
-            await collect_garbage(client, backend)
+            await collect_garbage(client, backend, clients, tenants)
         except Exception as exc:
             log.warning("gc of %s failed: %s", backend.name, exc)
         if interval_s is None:
@@ -241,8 +336,16 @@ async def run_cluster_worker(
     incarnation: Incarnation | None = None,
     gc_interval_s: float | None = 300.0,
     shapes: Sequence[Pod] = (),
+    clients: Mapping[str, Client] | None = None,
+    refuse_other_tenants: bool = False,
 ) -> None:
     """Run the cluster worker of ``cluster`` until ``stop`` is set (forever if None).
+
+    With ``refuse_other_tenants`` it serves ``tenants`` only: an admission for any other
+    tenant (or for a served tenant from another namespace than its own) is refused and
+    logged (:class:`TenantGuard`). Without, it runs any tenant's admissions that reach
+    its task queue in its namespaces (the development default: one namespace, tenants
+    made up on the fly), and still reports capacity to ``tenants`` only.
 
     Args:
         client: Connected Temporal client (the worker's only connection to the control
@@ -263,6 +366,9 @@ async def run_cluster_worker(
             also runs once at start (None: at start only).
         shapes: The node shapes the fleet file declares for the cluster: what a
             dispatch is checked against while the backend cannot see its nodes.
+        clients: The client of each served tenant that lives in another namespace than
+            ``client``'s: the worker polls the cluster's task queue in each namespace.
+        refuse_other_tenants: Refuse (and log) admissions of tenants not in ``tenants``.
     """
     stop = stop or asyncio.Event()
     me = incarnation or Incarnation()
@@ -277,26 +383,27 @@ async def run_cluster_worker(
             report = dataclasses.replace(
                 await backend.capacity(), incarnation=me.id, started_at=me.started_at
             )
-            await _send_report(client, tenant, report_for(report, tenant))
+            to = (clients or {}).get(tenant, client)
+            await _send_report(to, tenant, report_for(report, tenant))
 
-        acts = ClusterActivities(
-            backend, client, heartbeat_s=heartbeat_s, shapes=shapes, refresh=refresh
-        )
-        worker = Worker(
-            client,
-            task_queue=cluster_task_queue(cluster),
-            activities=acts.activities(),
-            max_concurrent_activities=max_concurrent_activities,
-            # A burst of admissions to this cluster is picked up by as many pollers as
-            # its backlog needs, not five.
-            activity_task_poller_behavior=PollerBehaviorAutoscaling(),
-            graceful_shutdown_timeout=timedelta(seconds=0),
-            # A cancel reaches a running action with its next heartbeat; by default the
-            # SDK holds heartbeats back to 80% of the 30 s timeout (a cancel took ~24 s).
-            # One heartbeat call per running action every 3 s is cheap beside that.
-            max_heartbeat_throttle_interval=timedelta(seconds=3),
-        )
-        worker_task = asyncio.create_task(worker.run())
+        per_client: dict[int, tuple[Client, list[str]]] = {}
+        for tenant in tenants:
+            c = (clients or {}).get(tenant, client)
+            per_client.setdefault(id(c), (c, []))[1].append(tenant)
+        workers = [
+            _activity_worker(
+                c,
+                cluster,
+                backend,
+                served if refuse_other_tenants else None,
+                heartbeat_s,
+                max_concurrent_activities,
+                shapes=shapes,
+                refresh=refresh,
+            )
+            for c, served in per_client.values()
+        ]
+        worker_task = asyncio.create_task(_run_all(workers))
         reporter = asyncio.create_task(
             capacity_loop(
                 client,
@@ -306,9 +413,12 @@ async def run_cluster_worker(
                 retry_s=retry_s,
                 resync_s=resync_s,
                 incarnation=me,
+                clients=clients,
             )
         )
-        collector = asyncio.create_task(gc_loop(client, backend, gc_interval_s))
+        collector = asyncio.create_task(
+            gc_loop(client, backend, gc_interval_s, clients, list(tenants))
+        )
         stopper = asyncio.create_task(stop.wait())
         try:
             done, _ = await asyncio.wait(
@@ -323,7 +433,7 @@ async def run_cluster_worker(
             with contextlib.suppress(asyncio.CancelledError):
                 await collector
             if not worker_task.done():
-                await worker.shutdown()
+                await asyncio.gather(*(w.shutdown() for w in workers))
             with contextlib.suppress(asyncio.CancelledError):
                 await worker_task
         for task in done:
@@ -331,3 +441,41 @@ async def run_cluster_worker(
                 raise task.exception()  # type: ignore[misc]
     finally:
         await backend.close()
+
+
+def _activity_worker(
+    client: Client,
+    cluster: str,
+    backend: ClusterBackend,
+    tenants: Sequence[str] | None,
+    heartbeat_s: float,
+    max_concurrent_activities: int,
+    *,
+    shapes: Sequence[Pod] = (),
+    refresh: Callable[[str], Awaitable[None]] | None = None,
+) -> Worker:
+    """The worker polling ``cluster``'s task queue in ``client``'s namespace, for
+    ``tenants`` only (None: any tenant's)."""
+    acts = ClusterActivities(
+        backend, client, heartbeat_s=heartbeat_s, shapes=shapes, refresh=refresh
+    )
+    return Worker(
+        client,
+        task_queue=cluster_task_queue(cluster),
+        activities=acts.activities(),
+        interceptors=[TenantGuard(cluster, client.namespace, tenants)] if tenants else [],
+        max_concurrent_activities=max_concurrent_activities,
+        # A burst of admissions to this cluster is picked up by as many pollers as
+        # its backlog needs, not five.
+        activity_task_poller_behavior=PollerBehaviorAutoscaling(),
+        graceful_shutdown_timeout=timedelta(seconds=0),
+        # A cancel reaches a running action with its next heartbeat; by default the
+        # SDK holds heartbeats back to 80% of the 30 s timeout (a cancel took ~24 s).
+        # One heartbeat call per running action every 3 s is cheap beside that.
+        max_heartbeat_throttle_interval=timedelta(seconds=3),
+    )
+
+
+async def _run_all(workers: Sequence[Worker]) -> None:
+    """Run every worker; the first to fail fails them all."""
+    await asyncio.gather(*(w.run() for w in workers))

@@ -137,6 +137,7 @@ async def run_control_plane_worker(
     on_ready: Callable[[list[str]], None] | None = None,
     history_retention: str | None = None,
     cluster_silent_s: float | None = None,
+    serves: Callable[[str], bool] | None = None,
 ) -> None:
     """Run the control-plane worker until ``stop`` is set (or forever).
 
@@ -157,6 +158,8 @@ async def run_control_plane_worker(
         cluster_silent_s: how long a silent cluster worker takes to make its cluster
             down, and a dispatch to wait for its worker before it is handed back
             (``headway.workflows.shared.HEALTH``; None: 90 s).
+        serves: which stored tenants this worker starts the schedulers of (None: all);
+            with tenants in several namespaces, those of its client's namespace.
     """
     if cluster_silent_s is not None:
         from headway.workflows.shared import HEALTH
@@ -174,7 +177,12 @@ async def run_control_plane_worker(
     try:
         async with worker:
             tenants = await restore_tenants(
-                client, store, fleet or [], seed_queues=seed_queues, seed_tenant=seed_tenant
+                client,
+                store,
+                fleet or [],
+                seed_queues=seed_queues,
+                seed_tenant=seed_tenant,
+                serves=serves,
             )
             if on_ready is not None:
                 on_ready(tenants)
@@ -190,10 +198,11 @@ async def restore_tenants(
     *,
     seed_queues: Sequence[Mapping[str, Any]] = (),
     seed_tenant: str = protocol.DEFAULT_TENANT,
+    serves: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """Seed ``seed_tenant`` with ``seed_queues`` if the store has never seen it, then
-    make sure every tenant with stored configuration has its scheduler running (a fresh
-    one reloads the configuration). Returns those tenants."""
+    make sure every tenant with stored configuration (that ``serves`` accepts) has its
+    scheduler running (a fresh one reloads the configuration). Returns those tenants."""
     from headway.workflows.client import ensure_scheduler
 
     config = ConfigStore(store)
@@ -203,6 +212,8 @@ async def restore_tenants(
             lambda: config.seed(seed_tenant, seed_queues, who=who, source="fleet")
         )
     tenants = await asyncio.to_thread(config.tenants)
+    if serves is not None:
+        tenants = [t for t in tenants if serves(t)]
     for tenant in tenants:
         await ensure_scheduler(client, tenant, fleet)
     return tenants

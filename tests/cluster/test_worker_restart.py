@@ -137,6 +137,8 @@ class WorkerProcess:
         self.pod_log = pod_log
         fleet = tmp / "fleet.yaml"
         fleet.write_text(FLEET.format(name=cluster))
+        #: The tenant the worker serves (the requests' own).
+        self.tenant = f"t-{uuid.uuid4().hex[:6]}"
         self.argv = [
             sys.executable,
             "-m",
@@ -144,7 +146,7 @@ class WorkerProcess:
             "--address",
             address,
             "--tenant",
-            f"t-{uuid.uuid4().hex[:6]}",
+            self.tenant,
             "worker",
             "cluster",
             "--name",
@@ -228,7 +230,7 @@ async def test_sigkilled_sim_worker_is_adopted_without_a_second_creation(
     cluster = wp.argv[wp.argv.index("--name") + 1]
     action = f"k9-{uuid.uuid4().hex[:6]}"
     req = DispatchRequest(
-        tenant="t",
+        tenant=wp.tenant,
         action_id=action,
         workflow_id=f"wf-{action}",
         cluster=cluster,
@@ -302,7 +304,7 @@ async def test_kubernetes_worker_restart_while_the_node_and_its_pod_disappear(
     first = asyncio.create_task(worker(stop_a))
     action = f"kr-{uuid.uuid4().hex[:6]}"
     req = DispatchRequest(
-        tenant="t",
+        tenant="nobody",  # the tenant the worker serves
         action_id=action,
         workflow_id=f"wf-{action}",
         cluster=cluster,
