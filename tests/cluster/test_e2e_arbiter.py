@@ -8,6 +8,7 @@ server (the test plays the kubelet), and on the simulated backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -567,3 +568,122 @@ async def test_a_dispatch_whose_worker_wedged_after_creating_is_deleted_then_han
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+
+
+# --- two tenants on one Kubernetes cluster ---------------------------------------------
+
+
+def _bound_cpu_by_node(kube: FakeKube) -> dict[str, int]:
+    """CPU (millicores) the pods bound to each node request, every pod counted (any
+    tenant's, any namespace's), finished ones not."""
+    from .fake_kube import _requests
+
+    used: dict[str, int] = {}
+    for p in kube.live("pods"):
+        node = (p.get("spec") or {}).get("nodeName")
+        if node and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            used[node] = used.get(node, 0) + _requests(p)[0]
+    return used
+
+
+def _unschedulable(kube: FakeKube) -> list[str]:
+    """Pods the in-cluster scheduler found no room for (a pending pod for capacity)."""
+    out = []
+    for p in kube.live("pods"):
+        for cond in (p.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                out.append(str((p.get("metadata") or {}).get("name")))
+    return out
+
+
+async def _finish_running_pods(kube: FakeKube, stop: asyncio.Event, after_s: float) -> None:
+    """The kubelet's end of each pod: a pod Running for ``after_s`` succeeds."""
+    seen: dict[str, float] = {}
+    while not stop.is_set():
+        now = time.monotonic()
+        for p in kube.live("pods"):
+            meta = p.get("metadata") or {}
+            name, ns = str(meta.get("name")), str(meta.get("namespace"))
+            if (p.get("status") or {}).get("phase") != "Running" or ns != NS:
+                continue
+            if now - seen.setdefault(name, now) >= after_s:
+                async with kube.patch(
+                    f"/api/v1/namespaces/{ns}/pods/{name}", json={"status": {"phase": "Succeeded"}}
+                ) as resp:
+                    assert resp.status == 200, await resp.text()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.1)
+
+
+@pytest.mark.asyncio
+async def test_two_tenants_sharing_a_kubernetes_cluster_never_overcommit_a_node(
+    temporal_env: WorkflowEnvironment, kube: FakeKube, tmp_path: Path
+) -> None:
+    """One 4-CPU node, one cluster worker serving two tenants (each its own scheduler),
+    six 2-CPU actions per tenant submitted at once, the fake API server playing
+    kube-scheduler and kubelet: every node's bound requests are audited every 50 ms and
+    never exceed what it has, no pod is ever left Unschedulable, and every action ends
+    succeeded, each once."""
+    client = temporal_env.client
+    tenants = [f"ta-{uuid.uuid4().hex[:6]}", f"tb-{uuid.uuid4().hex[:6]}"]
+    cluster = "k8s-shared"
+    await add_node(kube, "n1")
+    cfg = k8s.Configuration()
+    cfg.host = str(kube.url).rstrip("/")
+    api = k8s.ApiClient(cfg)
+    backend = KubernetesBackend(
+        cluster, namespace=NS, api_client=api, backoff_initial_s=0.05, backoff_max_s=0.2
+    )
+    fleet = one_node_fleet(cluster)
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(
+            run_control_plane_worker(
+                client, database_url=f"sqlite:///{tmp_path / 'leases.db'}", fleet=fleet, stop=stop
+            )
+        ),
+        asyncio.create_task(
+            run_cluster_worker(
+                client, cluster, backend, tenants=tenants, stop=stop, refuse_other_tenants=True
+            )
+        ),
+        asyncio.create_task(kube.run_scheduler(stop)),
+        asyncio.create_task(_finish_running_pods(kube, stop, after_s=1.0)),
+    ]
+    peak: dict[str, int] = {}
+    unschedulable: set[str] = set()
+
+    async def audit() -> None:
+        while not stop.is_set():
+            for node, cpu in _bound_cpu_by_node(kube).items():
+                peak[node] = max(peak.get(node, 0), cpu)
+            unschedulable.update(_unschedulable(kube))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.05)
+
+    auditor = asyncio.create_task(audit())
+    try:
+        for t in tenants:
+            await hw.ensure_scheduler(client, t, fleet)
+            await hw.upsert_queue(client, t, QueueSpec("q").to_dict())
+        for t in tenants:
+            await until(
+                lambda t=t: _is(free_cpu(client, t, cluster), 4000),  # type: ignore[misc]
+                f"{t}: the first capacity report",
+            )
+        handles = []
+        for i in range(6):
+            for t in tenants:
+                # Ids differ by tenant: pod names do not carry the tenant yet, so two
+                # tenants' actions of one id in one namespace would share pods.
+                handles.append(await hw.submit(client, submit_request(t, f"{t}-{i}", "2")))
+        results = await asyncio.wait_for(asyncio.gather(*(hw.wait_result(h) for h in handles)), 240)
+        assert [r.state for r in results] == ["succeeded"] * 12, results
+        assert peak == {"n1": 4000}, peak  # full, and never over
+        assert not unschedulable, unschedulable
+        print(f"two tenants, 12 actions of 2 CPU on one 4-CPU node: peak {peak}")
+    finally:
+        stop.set()
+        auditor.cancel()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+        api.close()
