@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -135,13 +135,19 @@ async def play_kubelet(kube: FakeKube, name: str) -> None:
             assert resp.status == 200, await resp.text()
 
 
-@pytest.mark.asyncio
-async def test_kubernetes_hands_back_when_a_foreign_pod_took_the_room_and_respects_taints_and_cordons(
-    temporal_env: WorkflowEnvironment, kube: FakeKube, tmp_path: Path
-) -> None:
-    client = temporal_env.client
-    tenant = f"arb-{uuid.uuid4().hex[:8]}"
-    cluster = "k8s-arb"
+@contextlib.asynccontextmanager
+async def kube_plane(
+    client: Client,
+    kube: FakeKube,
+    tmp_path: Path,
+    cluster: str,
+    tenants: list[str],
+    extra: Callable[[asyncio.Event], list[Awaitable[Any]]] = lambda stop: [],
+    **worker_kw: Any,
+) -> AsyncIterator[tuple[list[ClusterSpec], asyncio.Event]]:
+    """The control plane and a Kubernetes cluster worker (against the fake API server,
+    one 4-CPU node ``n1``) for ``tenants``, with each tenant's queue ``q``; ``extra``
+    makes more background work to run until the end (e.g. the fake's scheduler)."""
     await add_node(kube, "n1")
     cfg = k8s.Configuration()
     cfg.host = str(kube.url).rstrip("/")
@@ -151,27 +157,42 @@ async def test_kubernetes_hands_back_when_a_foreign_pod_took_the_room_and_respec
     )
     fleet = one_node_fleet(cluster)
     stop = asyncio.Event()
+    db = f"sqlite:///{tmp_path / 'leases.db'}"
     tasks = [
         asyncio.create_task(
-            run_control_plane_worker(
-                client, database_url=f"sqlite:///{tmp_path / 'leases.db'}", fleet=fleet, stop=stop
-            )
+            run_control_plane_worker(client, database_url=db, fleet=fleet, stop=stop)
         ),
-        # Reports lag the cluster by 3 s (the debounce): long enough for the scheduler
-        # to admit on a view a foreign pod has just made stale.
         asyncio.create_task(
-            run_cluster_worker(
-                client, cluster, backend, tenants=[tenant], stop=stop, debounce_s=3.0
-            )
+            run_cluster_worker(client, cluster, backend, tenants=tenants, stop=stop, **worker_kw)
         ),
+        *(asyncio.ensure_future(w) for w in extra(stop)),
     ]
     try:
-        await hw.ensure_scheduler(client, tenant, fleet)
-        await hw.upsert_queue(client, tenant, QueueSpec("q").to_dict())
-        await until(
-            lambda: _is(free_cpu(client, tenant, cluster), 4000), "the first capacity report"
-        )
+        for t in tenants:
+            await hw.ensure_scheduler(client, t, fleet)
+            await hw.upsert_queue(client, t, QueueSpec("q").to_dict())
+        for t in tenants:
+            await until(
+                lambda t=t: _is(free_cpu(client, t, cluster), 4000),  # type: ignore[misc]
+                f"{t}: the first capacity report",
+            )
+        yield fleet, stop
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+        api.close()
 
+
+@pytest.mark.asyncio
+async def test_kubernetes_hands_back_when_a_foreign_pod_took_the_room_and_respects_taints_and_cordons(
+    temporal_env: WorkflowEnvironment, kube: FakeKube, tmp_path: Path
+) -> None:
+    client = temporal_env.client
+    tenant = f"arb-{uuid.uuid4().hex[:8]}"
+    cluster = "k8s-arb"
+    # Reports lag the cluster by 3 s (the debounce): long enough for the scheduler to
+    # admit on a view a foreign pod has just made stale.
+    async with kube_plane(client, kube, tmp_path, cluster, [tenant], debounce_s=3.0):
         # 1. A pod Headway does not know takes 3 of the 4 CPUs; the scheduler has not
         # heard yet and admits a 2-CPU action. The worker creates nothing and hands it
         # back; it waits in its queue until the room returns, then runs.
@@ -239,10 +260,6 @@ async def test_kubernetes_hands_back_when_a_foreign_pod_took_the_room_and_respec
             await play_kubelet(kube, pod)
             res = await asyncio.wait_for(hw.wait_result(h), 60)
             assert res.state == "succeeded", (label, res)
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
-        api.close()
 
 
 async def headway_cli(client: Client, tenant: str, *args: str) -> str:
@@ -626,34 +643,10 @@ async def test_two_tenants_sharing_a_kubernetes_cluster_never_overcommit_a_node(
     succeeded, each once."""
     client = temporal_env.client
     tenants = [f"ta-{uuid.uuid4().hex[:6]}", f"tb-{uuid.uuid4().hex[:6]}"]
-    cluster = "k8s-shared"
-    await add_node(kube, "n1")
-    cfg = k8s.Configuration()
-    cfg.host = str(kube.url).rstrip("/")
-    api = k8s.ApiClient(cfg)
-    backend = KubernetesBackend(
-        cluster, namespace=NS, api_client=api, backoff_initial_s=0.05, backoff_max_s=0.2
-    )
-    fleet = one_node_fleet(cluster)
-    stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(
-            run_control_plane_worker(
-                client, database_url=f"sqlite:///{tmp_path / 'leases.db'}", fleet=fleet, stop=stop
-            )
-        ),
-        asyncio.create_task(
-            run_cluster_worker(
-                client, cluster, backend, tenants=tenants, stop=stop, refuse_other_tenants=True
-            )
-        ),
-        asyncio.create_task(kube.run_scheduler(stop)),
-        asyncio.create_task(_finish_running_pods(kube, stop, after_s=1.0)),
-    ]
     peak: dict[str, int] = {}
     unschedulable: set[str] = set()
 
-    async def audit() -> None:
+    async def audit(stop: asyncio.Event) -> None:
         while not stop.is_set():
             for node, cpu in _bound_cpu_by_node(kube).items():
                 peak[node] = max(peak.get(node, 0), cpu)
@@ -661,16 +654,14 @@ async def test_two_tenants_sharing_a_kubernetes_cluster_never_overcommit_a_node(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.05)
 
-    auditor = asyncio.create_task(audit())
-    try:
-        for t in tenants:
-            await hw.ensure_scheduler(client, t, fleet)
-            await hw.upsert_queue(client, t, QueueSpec("q").to_dict())
-        for t in tenants:
-            await until(
-                lambda t=t: _is(free_cpu(client, t, cluster), 4000),  # type: ignore[misc]
-                f"{t}: the first capacity report",
-            )
+    def extra(stop: asyncio.Event) -> list[Awaitable[Any]]:
+        # kube-scheduler, the kubelet's end of each pod (1 s after it runs), the audit.
+        return [kube.run_scheduler(stop), _finish_running_pods(kube, stop, 1.0), audit(stop)]
+
+    plane = kube_plane(
+        client, kube, tmp_path, "k8s-shared", tenants, extra, refuse_other_tenants=True
+    )
+    async with plane:
         handles = []
         for i in range(6):
             for t in tenants:
@@ -682,8 +673,3 @@ async def test_two_tenants_sharing_a_kubernetes_cluster_never_overcommit_a_node(
         assert peak == {"n1": 4000}, peak  # full, and never over
         assert not unschedulable, unschedulable
         print(f"two tenants, 12 actions of 2 CPU on one 4-CPU node: peak {peak}")
-    finally:
-        stop.set()
-        auditor.cancel()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
-        api.close()
