@@ -39,7 +39,17 @@ __all__ = ["SimResult", "load_swf", "render_json", "simulate", "summary_text"]
 class _Rec:
     # A plain class, not a dataclass: one is made per action of a trace, and a
     # dataclass's generated ``__init__`` (with a default factory) costs more.
-    __slots__ = ("attempts", "cluster", "end", "item", "reasons", "start", "status", "used")
+    __slots__ = (
+        "attempts",
+        "cluster",
+        "end",
+        "item",
+        "next",
+        "reasons",
+        "start",
+        "status",
+        "used",
+    )
 
     def __init__(self, item: WorkItem) -> None:
         self.item = item
@@ -48,10 +58,12 @@ class _Rec:
         self.cluster: str | None = None
         self.status = "pending"
         self.reasons: list[str] = []
-        # Only for an entry with failures: each attempt's record, and the retries
-        # used so far by class (``retry.next_attempt``).
+        # Only for an entry with failures: each attempt's record, the retries used so
+        # far by class (``retry.next_attempt``), and the next attempt's spec from its
+        # making until its admission.
         self.attempts: list[dict[str, Any]] = []
         self.used: dict[str, int] = {}
+        self.next: ActionSpec | None = None
 
 
 class _Attempt:
@@ -169,7 +181,8 @@ def simulate(sc: Scenario, seed: int = 0, skipped: int = 0) -> SimResult:
             r.reasons = sched.reasons(r.item.spec.id)
         elif r.status == "retrying":  # its next attempt waits
             r.status = "pending"
-            r.reasons = sched.reasons(r.attempts[-1]["next"])
+            assert r.next is not None
+            r.reasons = sched.reasons(r.next.id)
     return SimResult(_result(sc, recs, sched, skipped))
 
 
@@ -186,7 +199,9 @@ def _attempt_started(
 ) -> float | None:
     """An attempt of an entry with failures was admitted: when it ends (None: never,
     a ``NotReady`` attempt on a queue that has no ``ready_timeout`` any more)."""
-    spec = r.item.spec if aid == r.item.spec.id else _attempt_spec(r, aid)
+    spec = r.item.spec
+    if r.next is not None and r.next.id == aid:
+        spec, r.next = r.next, None
     k = len(r.attempts)
     if k < len(r.item.failures):
         f = r.item.failures[k]
@@ -203,14 +218,6 @@ def _attempt_started(
     r.status, r.end = "running", None
     failing[aid] = _Attempt(r, spec, kind)
     return end
-
-
-def _attempt_spec(r: _Rec, aid: str) -> ActionSpec:
-    for a in reversed(r.attempts):
-        if a.get("next") == aid:
-            spec: ActionSpec = a["next_spec"]
-            return spec
-    raise AssertionError(f"attempt {aid!r} was never made")  # pragma: no cover
 
 
 def _attempt_ended(
@@ -230,8 +237,7 @@ def _attempt_ended(
     r.used[retry.cls] = r.used.get(retry.cls, 0) + 1
     number = len(r.attempts) + 1
     nxt = replace(att.spec, id=attempt_id(r.item.spec.id, number), pods=retry.pods)
-    last = r.attempts[-1]
-    last["retry"], last["next"], last["next_spec"] = retry.note, nxt.id, nxt
+    r.attempts[-1]["retry"], r.next = retry.note, nxt
     r.status, r.end = "retrying", now
     return now + retry.delay, number, nxt
 
