@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from headway.activities.backends.kubernetes import KubernetesBackend
 from headway.activities.backends.sim import SimBackend
 from headway.protocol import ActionEvent, ActionEventKind, DispatchRequest, GangKind, PodSpec
 from headway.scheduler.model import ClusterSpec, NodeGroup
 from headway.scheduler.resources import Pod
+from headway.worker.cluster import run_cluster_worker
+from headway.worker.control_plane import run_control_plane_worker
+from kubernetes import client as k8s
+from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 GI = 2**30
@@ -118,3 +125,44 @@ def attempt_env(
     if beats is not None:
         env.on_heartbeat = lambda *d: beats.append(d[0] if d else None)
     return env
+
+
+@contextlib.asynccontextmanager
+async def kube_control_plane(
+    client: Client,
+    kube_url: object,
+    tmp_path: Path,
+    cluster: str,
+    namespace: str,
+    fleet: list[ClusterSpec],
+    tenants: list[str],
+    extra: Callable[[asyncio.Event], list[Awaitable[Any]]] = lambda stop: [],
+    **worker_kw: Any,
+) -> AsyncIterator[asyncio.Event]:
+    """The control plane (SQLite store under ``tmp_path``) and a Kubernetes cluster
+    worker for ``tenants`` against the fake API server at ``kube_url``, with
+    ``extra(stop)`` (the fake's scheduler or kubelet, an audit) running beside them;
+    yields the event that stops them all, and stops them on the way out."""
+    cfg = k8s.Configuration()
+    cfg.host = str(kube_url).rstrip("/")
+    api = k8s.ApiClient(cfg)
+    backend = KubernetesBackend(
+        cluster, namespace=namespace, api_client=api, backoff_initial_s=0.05, backoff_max_s=0.2
+    )
+    stop = asyncio.Event()
+    db = f"sqlite:///{tmp_path / 'leases.db'}"
+    tasks = [
+        asyncio.ensure_future(
+            run_control_plane_worker(client, database_url=db, fleet=fleet, stop=stop)
+        ),
+        asyncio.ensure_future(
+            run_cluster_worker(client, cluster, backend, tenants=tenants, stop=stop, **worker_kw)
+        ),
+        *(asyncio.ensure_future(w) for w in extra(stop)),
+    ]
+    try:
+        yield stop
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+        api.close()

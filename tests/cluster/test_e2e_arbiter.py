@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 
 import pytest
 from click.testing import CliRunner
-from headway.activities.backends.kubernetes import KubernetesBackend
 from headway.activities.backends.sim import SimBackend
 from headway.cli.main import cli
 from headway.protocol import DemandRequest, DispatchRequest, NodeCapacity, PodSpec, SubmitRequest
@@ -28,11 +27,11 @@ from headway.worker.control_plane import run_control_plane_worker
 from headway.workflows import action as action_mod
 from headway.workflows import client as hw
 from headway.workflows import shared
-from kubernetes import client as k8s
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from .fake_kube import FakeKube
+from .helpers import kube_control_plane
 
 NS = "hw-arbiter"
 GI = 2**30
@@ -149,25 +148,10 @@ async def kube_plane(
     one 4-CPU node ``n1``) for ``tenants``, with each tenant's queue ``q``; ``extra``
     makes more background work to run until the end (e.g. the fake's scheduler)."""
     await add_node(kube, "n1")
-    cfg = k8s.Configuration()
-    cfg.host = str(kube.url).rstrip("/")
-    api = k8s.ApiClient(cfg)
-    backend = KubernetesBackend(
-        cluster, namespace=NS, api_client=api, backoff_initial_s=0.05, backoff_max_s=0.2
-    )
     fleet = one_node_fleet(cluster)
-    stop = asyncio.Event()
-    db = f"sqlite:///{tmp_path / 'leases.db'}"
-    tasks = [
-        asyncio.create_task(
-            run_control_plane_worker(client, database_url=db, fleet=fleet, stop=stop)
-        ),
-        asyncio.create_task(
-            run_cluster_worker(client, cluster, backend, tenants=tenants, stop=stop, **worker_kw)
-        ),
-        *(asyncio.ensure_future(w) for w in extra(stop)),
-    ]
-    try:
+    async with kube_control_plane(
+        client, kube.url, tmp_path, cluster, NS, fleet, tenants, extra, **worker_kw
+    ) as stop:
         for t in tenants:
             await hw.ensure_scheduler(client, t, fleet)
             await hw.upsert_queue(client, t, QueueSpec("q").to_dict())
@@ -177,10 +161,6 @@ async def kube_plane(
                 f"{t}: the first capacity report",
             )
         yield fleet, stop
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
-        api.close()
 
 
 @pytest.mark.asyncio

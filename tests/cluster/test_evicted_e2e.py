@@ -9,17 +9,14 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from headway.activities.backends.kubernetes import KubernetesBackend
 from headway.protocol import ActionEventKind, DemandRequest, SubmitRequest
 from headway.scheduler import ClusterSpec, NodeGroup, Pod, QueueSpec
 from headway.scheduler.model import RetryPolicy
-from headway.worker.cluster import run_cluster_worker
-from headway.worker.control_plane import run_control_plane_worker
 from headway.workflows import client as hw
-from kubernetes import client as k8s
 from temporalio.testing import WorkflowEnvironment
 
 from .fake_kube import FakeKube
+from .helpers import kube_control_plane
 
 NS = "hw-evict"
 CLUSTER = "k8s-evict"
@@ -64,26 +61,17 @@ async def test_an_evicted_action_is_evicted_and_retried_as_lost(
     client = temporal_env.client
     tenant = f"evict-{uuid.uuid4().hex[:8]}"
     await add_node(kube)
-    cfg = k8s.Configuration()
-    cfg.host = str(kube.url).rstrip("/")
-    api = k8s.ApiClient(cfg)
-    backend = KubernetesBackend(
-        CLUSTER, namespace=NS, api_client=api, backoff_initial_s=0.05, backoff_max_s=0.2
-    )
     fleet = [ClusterSpec(CLUSTER, (NodeGroup("n", 1, Pod(cpu=16_000, memory=64 * GI)),))]
-    stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(
-            run_control_plane_worker(
-                client, database_url=f"sqlite:///{tmp_path / 'leases.db'}", fleet=fleet, stop=stop
-            )
-        ),
-        asyncio.create_task(
-            run_cluster_worker(client, CLUSTER, backend, tenants=[tenant], stop=stop)
-        ),
-        asyncio.create_task(kube.run_scheduler(stop)),
-    ]
-    try:
+    async with kube_control_plane(
+        client,
+        kube.url,
+        tmp_path,
+        CLUSTER,
+        NS,
+        fleet,
+        [tenant],
+        lambda stop: [kube.run_scheduler(stop)],
+    ):
         await hw.ensure_scheduler(client, tenant, fleet)
         await hw.upsert_queue(client, tenant, QueueSpec("once").to_dict())
         await hw.upsert_queue(
@@ -119,7 +107,3 @@ async def test_an_evicted_action_is_evicted_and_retried_as_lost(
         print([(a.number, a.outcome, a.retry) for a in st.attempts])
         assert [a.outcome for a in st.attempts][:1] == ["Evicted"]
         assert "requeued at the head" in st.attempts[0].retry
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
-        api.close()

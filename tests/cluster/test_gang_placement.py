@@ -16,17 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from headway.activities.backends.kubernetes import KubernetesBackend, build_pods
+from headway.activities.backends.kubernetes import build_pods
 from headway.protocol import ActionEventKind, DemandRequest, GangKind, PodSpec, SubmitRequest
 from headway.scheduler import ClusterSpec, NodeGroup, Pod, QueueSpec
-from headway.worker.cluster import run_cluster_worker
-from headway.worker.control_plane import run_control_plane_worker
 from headway.workflows import client as hw
-from kubernetes import client as k8s
 from temporalio.testing import WorkflowEnvironment
 
 from .fake_kube import FakeKube
-from .helpers import GI, request
+from .helpers import GI, kube_control_plane, request
 
 NS = "hw-gang"
 CLUSTER = "k8s-gang"
@@ -106,26 +103,17 @@ async def test_the_burst_keeps_the_gang_whole_end_to_end(
     tenant = f"gang-{uuid.uuid4().hex[:8]}"
     for name in NODES:
         await add_gpu_node(kube, name)
-    cfg = k8s.Configuration()
-    cfg.host = str(kube.url).rstrip("/")
-    api = k8s.ApiClient(cfg)
-    backend = KubernetesBackend(
-        CLUSTER, namespace=NS, api_client=api, backoff_initial_s=0.05, backoff_max_s=0.2
-    )
     fleet = [ClusterSpec(CLUSTER, (NodeGroup("gpu", 3, Pod(cpu=64_000, memory=512 * GI, gpu=8)),))]
-    stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(
-            run_control_plane_worker(
-                client, database_url=f"sqlite:///{tmp_path / 'leases.db'}", fleet=fleet, stop=stop
-            )
-        ),
-        asyncio.create_task(
-            run_cluster_worker(client, CLUSTER, backend, tenants=[tenant], stop=stop)
-        ),
-        asyncio.create_task(kube.run_scheduler(stop)),
-    ]
-    try:
+    async with kube_control_plane(
+        client,
+        kube.url,
+        tmp_path,
+        CLUSTER,
+        NS,
+        fleet,
+        [tenant],
+        lambda stop: [kube.run_scheduler(stop)],
+    ):
         await hw.ensure_scheduler(client, tenant, fleet)
         await hw.upsert_queue(client, tenant, QueueSpec("q").to_dict())
         # The scheduler has heard the cluster's nodes (else it admits "unknown means
@@ -183,7 +171,3 @@ async def test_the_burst_keeps_the_gang_whole_end_to_end(
         for h in handles:
             res = await asyncio.wait_for(hw.wait_result(h), 60)
             assert res.state == "succeeded", res
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
-        api.close()

@@ -17,15 +17,12 @@ import textwrap
 import uuid
 from pathlib import Path
 
-from headway.activities.backends.kubernetes import KubernetesBackend
 from headway.scheduler import ClusterSpec, NodeGroup, Pod, QueueSpec
-from headway.worker.cluster import run_cluster_worker
-from headway.worker.control_plane import run_control_plane_worker
 from headway.workflows import client as hw
-from kubernetes import client as k8s
 from temporalio.testing import WorkflowEnvironment
 
 from .fake_kube import FakeKube
+from .helpers import kube_control_plane
 
 NS = "hw-sdk"
 CLUSTER = "k8s-sdk"
@@ -78,26 +75,17 @@ async def test_an_sdk_programs_results_come_back_from_its_pods_termination_messa
     client = temporal_env.client
     tenant = f"sdk-{uuid.uuid4().hex[:8]}"
     await add_node(kube)
-    cfg = k8s.Configuration()
-    cfg.host = str(kube.url).rstrip("/")
-    api = k8s.ApiClient(cfg)
-    backend = KubernetesBackend(
-        CLUSTER, namespace=NS, api_client=api, backoff_initial_s=0.05, backoff_max_s=0.2
-    )
     fleet = [ClusterSpec(CLUSTER, (NodeGroup("n", 1, Pod(cpu=16_000, memory=64 * GI)),))]
-    stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(
-            run_control_plane_worker(
-                client, database_url=f"sqlite:///{tmp_path / 'leases.db'}", fleet=fleet, stop=stop
-            )
-        ),
-        asyncio.create_task(
-            run_cluster_worker(client, CLUSTER, backend, tenants=[tenant], stop=stop)
-        ),
-        asyncio.create_task(kube.run_kubelet(stop, tmp_path)),
-    ]
-    try:
+    async with kube_control_plane(
+        client,
+        kube.url,
+        tmp_path,
+        CLUSTER,
+        NS,
+        fleet,
+        [tenant],
+        lambda stop: [kube.run_kubelet(stop, tmp_path)],
+    ):
         await hw.ensure_scheduler(client, tenant, fleet)
         await hw.upsert_queue(client, tenant, QueueSpec("q").to_dict())
         program = tmp_path / "prog.py"
@@ -133,7 +121,3 @@ async def test_an_sdk_programs_results_come_back_from_its_pods_termination_messa
             assert c["command"][1:3] == ["-m", "headway.sdk.run"]
             assert c["terminationMessagePath"] == "/dev/termination-log"
             assert pod["metadata"]["labels"]["team"] == "nlp"
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
-        api.close()
