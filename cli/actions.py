@@ -368,6 +368,34 @@ async def _waiting_view(
     return out
 
 
+def _render_waiting(b: Block, w: dict[str, Any], queue: str) -> None:
+    """Where a waiting action stands: its place, why, when it may start, what would
+    unblock it."""
+    b.section("Waiting")
+    if w.get("scheduler_state") != "waiting":
+        b.field(
+            "Where",
+            w.get("message") or "not yet in the scheduler's window (queued in the store)",
+            indent=2,
+        )
+    else:
+        if "position" in w:
+            b.field("Position", f"{w['position']} of {w['of']} in queue {queue}", 2)
+        why = w.get("reason") or "-"
+        b.field("Why", f"{why}: {w['message']}" if w.get("message") else why, 2)
+        if "starts_in_s" in w:
+            if w["starts_in_s"] is None:
+                starts = "not within the forecast"
+            else:
+                where = f" on {w['forecast_cluster']}" if w.get("forecast_cluster") else ""
+                starts = f"~{duration(w['starts_in_s'])}{where} (forecast by estimates)"
+                if w.get("starts_in_p90_s") is not None:
+                    starts += f"; p90 {duration(w['starts_in_p90_s'])}"
+            b.field("Starts in", starts, 2)
+        for i, u in enumerate(w.get("unblock") or []):
+            b.field("Unblock" if i == 0 else "", wall_times(str(u)), 2)
+
+
 def _render(v: dict[str, Any], max_events: int) -> str:
     b = Block()
     b.field("Name", v["action"])
@@ -420,31 +448,8 @@ def _render(v: dict[str, Any], max_events: int) -> str:
                 for w in v["waited"]
             ],
         )
-    w = v["waiting"]
-    if w is not None:
-        b.section("Waiting")
-        if w.get("scheduler_state") != "waiting":
-            b.field(
-                "Where",
-                w.get("message") or "not yet in the scheduler's window (queued in the store)",
-                indent=2,
-            )
-        else:
-            if "position" in w:
-                b.field("Position", f"{w['position']} of {w['of']} in queue {v['queue']}", 2)
-            why = w.get("reason") or "-"
-            b.field("Why", f"{why}: {w['message']}" if w.get("message") else why, 2)
-            if "starts_in_s" in w:
-                if w["starts_in_s"] is None:
-                    starts = "not within the forecast"
-                else:
-                    where = f" on {w['forecast_cluster']}" if w.get("forecast_cluster") else ""
-                    starts = f"~{duration(w['starts_in_s'])}{where} (forecast by estimates)"
-                    if w.get("starts_in_p90_s") is not None:
-                        starts += f"; p90 {duration(w['starts_in_p90_s'])}"
-                b.field("Starts in", starts, 2)
-            for i, u in enumerate(w.get("unblock") or []):
-                b.field("Unblock" if i == 0 else "", wall_times(str(u)), 2)
+    if v["waiting"] is not None:
+        _render_waiting(b, v["waiting"], v["queue"])
     b.field("Retries", v["retries"])
     if len(v["attempts"]) > 1:
         # Retries by failure class (the queue's retry policy): one lease, admission and
