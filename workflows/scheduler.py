@@ -624,7 +624,8 @@ class SchedulerWorkflow:
         cluster the fleet file declares keeps the file's shape: the file is the
         operator's declaration at start)."""
         known = self._cluster_names()
-        for spec in stored.get("clusters") or [] if self._clusters_in_config else []:
+        clusters = (stored.get("clusters") or []) if self._clusters_in_config else []
+        for spec in clusters:
             try:
                 c = _parse_cluster(spec)
             except ValueError as err:
