@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headway.scheduler.model import ClusterSpec, QueueSpec
+from headway.scheduler.retry import ATTEMPT_SEP
 
 from .workload import Planned, PodRes
 
@@ -116,6 +117,15 @@ class History:
     closed_at: float | None
     releases: int  # finish_lease local activities recorded
     dispatches: list[Dispatch] = field(default_factory=list)
+    #: Releases per attempt (split by the requeue markers of hand-backs and retries);
+    #: empty: one attempt, ``releases`` its count.
+    attempt_releases: list[int] = field(default_factory=list)
+
+    def released_once(self) -> bool:
+        """Every attempt's lease released at most once, the last exactly once: an
+        attempt followed by another may be released by the requeue itself."""
+        per = self.attempt_releases or [self.releases]
+        return all(n <= 1 for n in per[:-1]) and per[-1] == 1
 
 
 @dataclass(frozen=True)
@@ -430,7 +440,7 @@ def audit(
             )
             continue
         states[h.state if h.state != "failed" else f"failed:{h.reason}"] += 1
-        once = h.executions == 1 and h.releases == 1
+        once = h.executions == 1 and h.released_once()
         if once:
             ended_once += 1
         else:
@@ -438,7 +448,8 @@ def audit(
                 Finding(
                     "ended-twice",
                     p.action_id,
-                    f"{h.executions} workflow execution(s), {h.releases} release(s)",
+                    f"{h.executions} workflow execution(s), {h.releases} release(s)"
+                    f" over {max(1, len(h.attempt_releases))} attempt(s)",
                 )
             )
         if expect_success and h.state != "succeeded":
@@ -450,7 +461,9 @@ def audit(
     #    created once per dispatch, ended, shaped as submitted, on a real node.
     lines_by_action: dict[str, list[PodLine]] = defaultdict(list)
     for line in pod_lines:
-        lines_by_action[line.action].append(line)
+        # An attempt after a hand-back or a retry (``ACTION~N``) is its action's: its
+        # pods fall in that attempt's dispatch of the one history.
+        lines_by_action[line.action.split(ATTEMPT_SEP, 1)[0]].append(line)
     for action in sorted(set(lines_by_action) - set(by_id)):
         findings.append(Finding("unknown-pod", action, "pods of an action nobody submitted"))
 

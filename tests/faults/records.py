@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from headway import protocol
 from headway.workflows import client as hw
-from headway.workflows.shared import FINISH_LEASE_ACTIVITY
+from headway.workflows.shared import FINISH_LEASE_ACTIVITY, REQUEUE_LEASE_ACTIVITY
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
@@ -74,7 +74,10 @@ def parse_history(action_id: str, executions: int, events: Sequence[HistoryEvent
     scheduled: dict[int, tuple[str, float]] = {}
     attempts: dict[int, int] = {}
     closed: dict[int, tuple[float, str]] = {}
-    releases = 0
+    # Releases per attempt: a hand-back or a retry requeues the action as its next
+    # attempt (a requeue marker), each attempt's lease released at most once, the last
+    # exactly once.
+    releases = [0]
     status, state, reason, closed_at = "RUNNING", None, None, None
     for e in events:
         et = e.event_type
@@ -91,8 +94,11 @@ def parse_history(action_id: str, executions: int, events: Sequence[HistoryEvent
         elif et == EventType.EVENT_TYPE_MARKER_RECORDED:
             m = e.marker_recorded_event_attributes
             data = _payload(m.details["data"].payloads) if "data" in m.details else None
-            if isinstance(data, dict) and data.get("activity_type") == FINISH_LEASE_ACTIVITY:
-                releases += 1
+            kind = data.get("activity_type") if isinstance(data, dict) else None
+            if kind == FINISH_LEASE_ACTIVITY:
+                releases[-1] += 1
+            elif kind == REQUEUE_LEASE_ACTIVITY:
+                releases.append(0)
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
             res = _payload(e.workflow_execution_completed_event_attributes.result.payloads)
             status, closed_at = "COMPLETED", _ts(e)
@@ -132,7 +138,8 @@ def parse_history(action_id: str, executions: int, events: Sequence[HistoryEvent
         state=state,
         reason=reason,
         closed_at=closed_at,
-        releases=releases,
+        releases=sum(releases),
+        attempt_releases=releases,
         dispatches=dispatches,
     )
 

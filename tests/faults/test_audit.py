@@ -109,6 +109,40 @@ def test_two_dispatches_may_each_create_the_pod_once() -> None:
     assert report.findings == []
 
 
+def test_a_handed_back_action_runs_its_next_attempt_once() -> None:
+    # Attempt 1 dispatched to a cluster that created nothing and handed it back (its
+    # lease released), attempt 2 (``a~2``, requeued) ran: one action, ended once.
+    plans = [planned("a")]
+    hists = [history("a", (0.0, 3.5), (5.0, 9.0), releases=2, attempt_releases=[1, 1])]
+    lines = pod("a~2", 0, 5.5, 8.0, dispatch="d2")
+    report = run_audit(plans, hists, lines)
+    assert report.findings == []
+    assert report.ended_once == 1 and report.pods_created == 1
+
+
+@pytest.mark.parametrize(
+    "attempt_releases",
+    [
+        pytest.param([2, 1], id="an attempt released twice before its requeue"),
+        pytest.param([1, 0], id="the last attempt never released"),
+        pytest.param([0, 2], id="the last attempt released twice"),
+    ],
+)
+def test_a_release_count_off_for_any_attempt_is_ended_twice(attempt_releases: list[int]) -> None:
+    plans = [planned("a")]
+    hists = [
+        history(
+            "a",
+            (0.0, 3.5),
+            (5.0, 9.0),
+            releases=sum(attempt_releases),
+            attempt_releases=attempt_releases,
+        )
+    ]
+    lines = pod("a~2", 0, 5.5, 8.0, dispatch="d2")
+    assert "ended-twice" in kinds(run_audit(plans, hists, lines))
+
+
 def test_queue_over_its_caps_is_an_overshoot_in_both_records() -> None:
     plans = [planned("a", run="r1"), planned("b", run="r2"), planned("c", run="r3")]
     hists = [history("a", (0.0, 5.0)), history("b", (1.0, 5.0)), history("c", (2.0, 5.0))]
