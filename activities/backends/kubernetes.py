@@ -1600,7 +1600,10 @@ class KubernetesBackend:
             if phase in _FINISHED_PHASES:
                 continue
             if not node:
-                if key in self._pods:
+                # Headway's pods not bound yet take room first, whichever informer saw
+                # them first (the all-pods one may be ahead) and whichever worker made
+                # them. Others' pending pods may never bind: not counted.
+                if key in self._pods or _action_of(pod) is not None:
                     pending.append(_requests_spec(pod))
                 continue
             u = used.setdefault(node, [0, 0, 0, 0])

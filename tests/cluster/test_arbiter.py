@@ -3,6 +3,7 @@ the admission against its live view, and hands it back when the pods no longer f
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -243,8 +244,6 @@ async def foreign_pod(kube: FakeKube, name: str, node: str, cpu: str) -> None:
 
 
 async def settled(b: KubernetesBackend, check: Any) -> None:
-    import asyncio
-
     async with asyncio.timeout(10):
         while True:
             view = b.free_nodes()
@@ -315,6 +314,52 @@ async def test_kubernetes_dispatch_is_handed_back_when_a_foreign_pod_took_the_ro
         result = await ActivityEnvironment().run(acts.run_action, req)
         assert result.kind is ActionEventKind.CAPACITY_CHANGED, result
         assert "0/1 nodes are available: 1 Insufficient cpu" in result.message
+        assert not [p for p in kube.live("pods") if p["metadata"]["namespace"] == "hw"]
+    finally:
+        await b.close()
+
+
+async def test_kubernetes_dispatch_counts_another_workers_headway_pod_not_yet_bound(
+    kube: FakeKube, api_client: k8s.ApiClient
+) -> None:
+    """A Headway pod this worker's own informer does not watch (another worker's, in its
+    namespace; or one the all-pods informer saw first) that is not bound yet takes its
+    room first: kube-scheduler will bind it before anything created after it."""
+    await add_node(kube, "n1")
+    b = KubernetesBackend("k1", namespace="hw", api_client=api_client, backoff_initial_s=0.05)
+    await b.start()
+    acts = ClusterActivities(b, signaler=Recorder(), heartbeat_s=0.01)
+    try:
+        await settled(b, lambda nodes: len(nodes) == 1)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "hw-theirs-main-0",
+                "namespace": "other",
+                "labels": {"headway.io/action": "theirs"},
+            },
+            "spec": {
+                "containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "3"}}}]
+            },
+            "status": {"phase": "Pending"},
+        }
+        async with kube.post("/api/v1/namespaces/other/pods", json=body) as resp:
+            assert resp.status < 300, await resp.text()
+
+        async def seen() -> None:
+            async with asyncio.timeout(10):
+                while not (view := b.free_nodes()) or not view[1]:
+                    await asyncio.sleep(0.02)
+
+        await seen()
+        req = dataclasses.replace(
+            request("k-mine", [PodSpec("main", 0, cpu_m=2000, memory=GI)], cluster="k1"),
+            handback=True,
+            namespace="hw",
+        )
+        result = await ActivityEnvironment().run(acts.run_action, req)
+        assert result.kind is ActionEventKind.CAPACITY_CHANGED, result
         assert not [p for p in kube.live("pods") if p["metadata"]["namespace"] == "hw"]
     finally:
         await b.close()
