@@ -520,8 +520,9 @@ class StartEstimates:
     """Scores start estimates: each waiting action's start, as forecast when the control
     plane first sees it (``headway.scheduler.insight.forecast``, the core run forward on
     a copy of the scheduler's snapshot), against the start the scheduler then gave it
-    (``headway.start_estimate.error``). An action seen waiting and then running is
-    scored; one that started and ended between two polls is not.
+    (``headway.start_estimate.error``). An action seen waiting is scored once it has
+    started: from the scheduler's snapshot while it runs, or, when it started and ended
+    between two polls, from its workflow's admission time (``MAX_LOOKUPS`` per poll).
     """
 
     #: No snapshot nor forecast over more waiting actions than this per tenant and poll
@@ -530,6 +531,10 @@ class StartEstimates:
 
     #: Errors kept per queue for its scores (the most recent).
     KEEP = 200
+
+    #: Ended actions whose start is asked of their workflow per tenant and poll (a
+    #: query each); more than that ended in one poll go unscored.
+    MAX_LOOKUPS = 50
 
     def __init__(self) -> None:
         self._predicted: dict[str, dict[str, tuple[str, float]]] = {}
@@ -573,14 +578,21 @@ class StartEstimates:
             return
         data = await hw.get_snapshot(client, tenant)
         sched, now = Scheduler.from_snapshot(data["snapshot"]), float(data["now"])
-        scored = False
+        scored, lookups = False, self.MAX_LOOKUPS
         for action_id, (queue, start) in list(predicted.items()):
             a = sched.actions.get(action_id)
-            if a is None or a.state != "waiting":
-                del predicted[action_id]
+            if a is not None and a.state == "waiting":
+                continue
+            del predicted[action_id]
+            began: float | None = None
             if a is not None and a.state == "running":
-                t.record_start_estimate(tenant, queue, a.start - start)
-                self._score(tenant, queue, a.start - start)
+                began = a.start
+            elif a is None and lookups > 0:
+                lookups -= 1  # ended since the last poll (or never admitted)
+                began = await _admitted_at(client, tenant, action_id)
+            if began is not None:
+                t.record_start_estimate(tenant, queue, began - start)
+                self._score(tenant, queue, began - start)
                 scored = True
         if scored:
             # The scores go to the tenant's scheduler, which shows them (``get queue``,
@@ -594,6 +606,20 @@ class StartEstimates:
             at = starts.get(a.id)
             if at is not None:
                 predicted[a.id] = (a.queue, at)
+
+
+async def _admitted_at(client: Any, tenant: str, attempt: str) -> float | None:
+    """When the action of ``attempt`` (an id or ``ID~N``) was last admitted, from its
+    workflow; None when it never was (rejected, cancelled waiting) or cannot be asked."""
+    from headway.scheduler.retry import ATTEMPT_SEP
+    from headway.workflows import client as hw
+
+    try:
+        status = await hw.action_state(client, tenant, attempt.split(ATTEMPT_SEP, 1)[0])
+    except Exception as exc:  # gone past retention, or its worker busy: unscored
+        log.debug("reading %s's admission failed: %s", attempt, exc)
+        return None
+    return status.admitted_at
 
 
 def _median(xs: Sequence[float]) -> float:
