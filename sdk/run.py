@@ -10,12 +10,15 @@ container's termination message, ``/dev/termination-log``):
 
 ``python -m headway.sdk.run --serve`` is a warm environment's long-lived process (a
 reusable environment's pool, :class:`headway.ReusePolicy`): it reads one request per
-line on stdin, ``{"id", "argv", "output"}`` (``argv`` the arguments above, ``output``
-the outcome file), runs each call's task as a task of its own loop (as many at a time as
+line on stdin, ``{"id", "argv", "output", "env"}`` (``argv`` the arguments above,
+``output`` the outcome file, ``env`` the call's pod environment), runs each call's task as a task of its own loop (as many at a time as
 it is sent: the pool's ``concurrency``), writes its outcome document as above and
 answers ``{"id", "code"}`` on stdout, one line each; ``{"cancel": ID}`` stops a call.
 The task code's own prints go to stderr (the pool's log). It exits when stdin closes
 (its pool torn down, or its worker gone). A module is imported once per process.
+Each call sees its own environment in ``os.environ`` (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, the action's ``--env`` variables, ... as a fresh process would), however
+many calls run at once: see :class:`_CallEnviron`.
 
 Tasks it awaits are submitted as child actions of this one, in its run, to the Temporal
 server named by ``--address`` (``HEADWAY_TEMPORAL_ADDRESS`` in the pod wins, for a
@@ -26,12 +29,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import functools
 import importlib
 import json
 import os
 import sys
 import traceback
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 __all__ = ["main"]
@@ -179,10 +184,70 @@ def _fit(doc: dict[str, Any], code: int, limit: int) -> tuple[str, int]:
 # --- a warm environment's process -------------------------------------------------------
 
 
+#: The environment of the call running in this context (a pool process): its variables,
+#: None for one it deleted. Each call is a task of its own, so each has its own.
+_CALL_ENV: contextvars.ContextVar[dict[str, str | None] | None] = contextvars.ContextVar(
+    "headway_call_env", default=None
+)
+
+
+class _CallEnviron(MutableMapping[str, str]):
+    """``os.environ`` in a pool process: the running call's own variables over the
+    process's. A pool process runs up to ``concurrency`` calls at once, each of its own
+    action (its own ``RANK``, ``HEADWAY_ACTION_ID``, ``--env`` variables): one process-wide
+    environment cannot hold them all, a context variable can. ``os.getenv`` reads it too;
+    a subprocess the task starts inherits the process's environment, not the call's
+    (pass ``env=dict(os.environ)`` to give it the call's)."""
+
+    def __init__(self, base: MutableMapping[str, str]) -> None:
+        self.base = base
+
+    def __getitem__(self, key: str) -> str:
+        own = _CALL_ENV.get()
+        if own is not None and key in own:
+            value = own[key]
+            if value is None:
+                raise KeyError(key)
+            return value
+        return self.base[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"str expected, not {type(key).__name__}, {type(value).__name__}")
+        own = _CALL_ENV.get()
+        if own is None:
+            self.base[key] = value
+        else:
+            own[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        own = _CALL_ENV.get()
+        if own is None:
+            del self.base[key]
+            return
+        self[key]  # KeyError when it is not set
+        own[key] = None
+
+    def __iter__(self) -> Iterator[str]:
+        own = _CALL_ENV.get() or {}
+        yield from (k for k, v in own.items() if v is not None)
+        yield from (k for k in self.base if k not in own)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def copy(self) -> dict[str, str]:
+        """A plain dict, as ``os.environ.copy()`` gives."""
+        return dict(self)
+
+
 def serve() -> int:
     """Serve calls sent on stdin until it closes (see the module's docstring)."""
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the task code's prints go to the log, never into the answers
+    if not isinstance(os.environ, _CallEnviron):
+        # Rebinding the module's name: os.getenv reads it, and so does the task code.
+        setattr(os, "environ", _CallEnviron(os.environ))  # noqa: B010
     asyncio.run(_serve(answers))
     return 0
 
@@ -200,7 +265,8 @@ async def _serve(answers: Any) -> None:
                 call.cancel()
             continue
         rid = str(msg["id"])
-        call = asyncio.create_task(_serve_one(rid, msg["argv"], msg["output"], answers))
+        env = {str(k): str(v) for k, v in (msg.get("env") or {}).items()}
+        call = asyncio.create_task(_serve_one(rid, msg["argv"], msg["output"], env, answers))
         calls[rid] = call
         call.add_done_callback(functools.partial(_forget, calls, rid))
     for call in list(calls.values()):
@@ -212,8 +278,12 @@ def _forget(calls: dict[str, asyncio.Task[None]], rid: str, _done: object) -> No
     calls.pop(rid, None)
 
 
-async def _serve_one(rid: str, argv: list[str], output: str, answers: Any) -> None:
-    """One call in a pool process: as ``main`` does it, but on the pool's loop."""
+async def _serve_one(
+    rid: str, argv: list[str], output: str, env: dict[str, str], answers: Any
+) -> None:
+    """One call in a pool process: as ``main`` does it, but on the pool's loop, with its
+    pod's environment as its own (this task's context)."""
+    _CALL_ENV.set(dict[str, str | None](env))
     try:
         task, inputs = _load(_parse(argv))
         result = await task.func(**inputs)
