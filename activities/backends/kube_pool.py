@@ -91,6 +91,9 @@ class _KubePool:
         self.image = image
         self.requests = requests
         self.pods: dict[str, _PodConn] = {}
+        # Pods created (or found running) and not known to have gone: not created again
+        # while they start and connect.
+        self.created: set[str] = set()
         self.changed = asyncio.Condition()
         self.busy = 0
         self.idle: asyncio.Task[None] | None = None
@@ -127,12 +130,14 @@ class _KubePool:
         api = k8s.CoreV1Api(self.owner.api)
         ns = self.owner.namespace
         for name in self.names:
-            if name in self.pods:
+            if name in self.created:
                 continue
+            self.created.add(name)
             try:
                 await asyncio.to_thread(api.create_namespaced_pod, ns, self.manifest(name))
             except ApiException as err:
                 if err.status != 409:
+                    self.created.discard(name)
                     raise
                 pod = await asyncio.to_thread(api.read_namespaced_pod, name, ns)
                 if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
@@ -195,6 +200,7 @@ class _KubePool:
         finally:
             if self.pods.get(conn.name) is conn:
                 del self.pods[conn.name]
+                self.created.discard(conn.name)  # gone: the next call creates it again
             for fut in conn.calls.values():
                 if not fut.done():
                     fut.set_result((1, None))
@@ -309,7 +315,7 @@ class KubePools:
             if pool is None or pool.closed:
                 pool = _KubePool(self, shape, image, requests)
                 self._pools[key] = pool
-            if len(pool.pods) < shape.replicas:
+            if len(pool.created) < shape.replicas:
                 await pool.ensure_pods()
         return await pool.run(command, env)
 

@@ -226,3 +226,33 @@ async def test_each_call_in_a_pool_process_sees_its_own_pods_environment(tmp_pat
         assert (e["MASTER_ADDR"], e["LOCAL_RANK"], e["FLAVOUR"]) == ("127.0.0.1", "0", "mint")
         assert e["MASTER_PORT"] == str(master_port(e["HEADWAY_ACTION_ID"]))
     assert "MINE" not in os.environ  # the worker's own environment is untouched
+
+
+def test_a_calls_environment_is_its_own_over_the_processes():
+    # The pool process's os.environ (headway.sdk.run._CallEnviron): a call reads its own
+    # variables first, writes and deletes only its own, and outside a call it is the
+    # process's environment.
+    import contextvars
+
+    from headway.sdk.run import _CALL_ENV, _CallEnviron
+
+    base = {"HOME": "/root", "SHARED": "process"}
+    environ = _CallEnviron(base)
+
+    def in_call() -> None:
+        _CALL_ENV.set({"SHARED": "call", "RANK": "3"})
+        assert environ["SHARED"] == "call" and environ.get("RANK") == "3"
+        assert environ["HOME"] == "/root"
+        environ["MINE"] = "x"
+        del environ["HOME"]
+        assert "HOME" not in environ and environ.get("HOME") is None
+        assert environ.copy() == {"SHARED": "call", "RANK": "3", "MINE": "x"}
+        assert len(environ) == 3
+        with pytest.raises(KeyError):
+            del environ["HOME"]
+
+    contextvars.copy_context().run(in_call)
+    assert base == {"HOME": "/root", "SHARED": "process"}  # the process's is untouched
+    assert dict(environ) == base
+    environ["OUTSIDE"] = "y"  # outside a call: the process's own
+    assert base["OUTSIDE"] == "y"
