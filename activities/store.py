@@ -359,6 +359,7 @@ class StoreActivities:
                 inp.config.get("org"),
                 inp.audit,
                 clusters=inp.config.get("clusters"),
+                environments=inp.config.get("environments"),
             )
 
     @activity.defn(name=CONFIG_ACTIVITY)

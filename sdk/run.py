@@ -10,12 +10,17 @@ container's termination message, ``/dev/termination-log``):
 
 ``python -m headway.sdk.run --serve`` is a warm environment's long-lived process (a
 reusable environment's pool, :class:`headway.ReusePolicy`): it reads one request per
-line on stdin, ``{"id", "argv", "output"}`` (``argv`` the arguments above, ``output``
-the outcome file), runs each call's task as a task of its own loop (as many at a time as
+line on stdin, ``{"id", "argv", "output", "env"}`` (``argv`` the arguments above,
+``output`` the outcome file, ``env`` the call's pod environment), runs each call's task as a task of its own loop (as many at a time as
 it is sent: the pool's ``concurrency``), writes its outcome document as above and
 answers ``{"id", "code"}`` on stdout, one line each; ``{"cancel": ID}`` stops a call.
 The task code's own prints go to stderr (the pool's log). It exits when stdin closes
-(its pool torn down, or its worker gone). A module is imported once per process.
+(its pool torn down, or its worker gone). ``--pull HOST:PORT`` is the same process as a
+pod of a pool on Kubernetes: it takes its calls from its cluster worker over a connection
+it opens (see :func:`pull`). A module is imported once per process.
+Each call sees its own environment in ``os.environ`` (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, the action's ``--env`` variables, ... as a fresh process would), however
+many calls run at once: see :class:`_CallEnviron`.
 
 Tasks it awaits are submitted as child actions of this one, in its run, to the Temporal
 server named by ``--address`` (``HEADWAY_TEMPORAL_ADDRESS`` in the pod wins, for a
@@ -26,12 +31,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import functools
 import importlib
 import json
 import os
 import sys
 import traceback
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 __all__ = ["main"]
@@ -115,8 +122,11 @@ def _failed(exc: BaseException) -> tuple[dict[str, Any], int]:
 def main(argv: list[str] | None = None) -> int:
     """Run one task call; write its outcome document; 0 if it returned, else 1.
     ``--serve``: run a warm environment's process until stdin closes."""
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["--serve"]:
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["--serve"]:
         return serve()
+    if given[:1] == ["--pull"]:
+        return pull(given)
     args = _parse(argv)
     try:
         doc: dict[str, Any] = {"ok": True, "output": _run(args)}
@@ -179,18 +189,89 @@ def _fit(doc: dict[str, Any], code: int, limit: int) -> tuple[str, int]:
 # --- a warm environment's process -------------------------------------------------------
 
 
+#: The environment of the call running in this context (a pool process): its variables,
+#: None for one it deleted. Each call is a task of its own, so each has its own.
+_CALL_ENV: contextvars.ContextVar[dict[str, str | None] | None] = contextvars.ContextVar(
+    "headway_call_env", default=None
+)
+
+
+class _CallEnviron(MutableMapping[str, str]):
+    """``os.environ`` in a pool process: the running call's own variables over the
+    process's. A pool process runs up to ``concurrency`` calls at once, each of its own
+    action (its own ``RANK``, ``HEADWAY_ACTION_ID``, ``--env`` variables): one process-wide
+    environment cannot hold them all, a context variable can. ``os.getenv`` reads it too;
+    a subprocess the task starts inherits the process's environment, not the call's
+    (pass ``env=dict(os.environ)`` to give it the call's)."""
+
+    def __init__(self, base: MutableMapping[str, str]) -> None:
+        self.base = base
+
+    def __getitem__(self, key: str) -> str:
+        own = _CALL_ENV.get()
+        if own is not None and key in own:
+            value = own[key]
+            if value is None:
+                raise KeyError(key)
+            return value
+        return self.base[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"str expected, not {type(key).__name__}, {type(value).__name__}")
+        own = _CALL_ENV.get()
+        if own is None:
+            self.base[key] = value
+        else:
+            own[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        own = _CALL_ENV.get()
+        if own is None:
+            del self.base[key]
+            return
+        self[key]  # KeyError when it is not set
+        own[key] = None
+
+    def __iter__(self) -> Iterator[str]:
+        own = _CALL_ENV.get() or {}
+        yield from (k for k, v in own.items() if v is not None)
+        yield from (k for k in self.base if k not in own)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def copy(self) -> dict[str, str]:
+        """A plain dict, as ``os.environ.copy()`` gives."""
+        return dict(self)
+
+
 def serve() -> int:
     """Serve calls sent on stdin until it closes (see the module's docstring)."""
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the task code's prints go to the log, never into the answers
+    if not isinstance(os.environ, _CallEnviron):
+        # Rebinding the module's name: os.getenv reads it, and so does the task code.
+        setattr(os, "environ", _CallEnviron(os.environ))  # noqa: B010
     asyncio.run(_serve(answers))
     return 0
 
 
 async def _serve(answers: Any) -> None:
+    def answer(msg: dict[str, Any]) -> None:
+        answers.write(json.dumps(msg) + "\n")
+        answers.flush()
+
+    await _calls(lambda: asyncio.to_thread(sys.stdin.readline), answer)
+
+
+async def _calls(
+    read: Callable[[], Awaitable[str]], answer: Callable[[dict[str, Any]], None]
+) -> None:
+    """Run the calls read one per line (``read``: "" at the end) and ``answer`` each."""
     calls: dict[str, asyncio.Task[None]] = {}
     while True:
-        line = await asyncio.to_thread(sys.stdin.readline)
+        line = await read()
         if not line:
             break  # the pool is torn down (or its worker went): stop
         msg = json.loads(line)
@@ -200,7 +281,8 @@ async def _serve(answers: Any) -> None:
                 call.cancel()
             continue
         rid = str(msg["id"])
-        call = asyncio.create_task(_serve_one(rid, msg["argv"], msg["output"], answers))
+        env = {str(k): str(v) for k, v in (msg.get("env") or {}).items()}
+        call = asyncio.create_task(_serve_one(rid, msg["argv"], msg.get("output"), env, answer))
         calls[rid] = call
         call.add_done_callback(functools.partial(_forget, calls, rid))
     for call in list(calls.values()):
@@ -212,8 +294,17 @@ def _forget(calls: dict[str, asyncio.Task[None]], rid: str, _done: object) -> No
     calls.pop(rid, None)
 
 
-async def _serve_one(rid: str, argv: list[str], output: str, answers: Any) -> None:
-    """One call in a pool process: as ``main`` does it, but on the pool's loop."""
+async def _serve_one(
+    rid: str,
+    argv: list[str],
+    output: str | None,
+    env: dict[str, str],
+    answer: Callable[[dict[str, Any]], None],
+) -> None:
+    """One call in a pool process: as ``main`` does it, but on the pool's loop, with its
+    pod's environment as its own (this task's context). Its outcome document goes to
+    ``output``, or (None: a pod that pulls its calls) in its answer."""
+    _CALL_ENV.set(dict[str, str | None](env))
     try:
         task, inputs = _load(_parse(argv))
         result = await task.func(**inputs)
@@ -223,10 +314,60 @@ async def _serve_one(rid: str, argv: list[str], output: str, answers: Any) -> No
         return  # its pod was deleted: nobody reads an outcome
     except BaseException as exc:  # everything the task raised is its outcome
         doc, code = _failed(exc)
-    code = _write(doc, code, output)
+    text, code = _fit(doc, code, _limit())
+    if output is not None:
+        with open(output, "w") as fh:
+            fh.write(text)
     sys.stdout.flush()
-    answers.write(json.dumps({"id": rid, "code": code}) + "\n")
-    answers.flush()
+    answer(
+        {"id": rid, "code": code}
+        if output is not None
+        else {"id": rid, "code": code, "document": text}
+    )
+
+
+# --- a warm environment's pod on Kubernetes: it pulls its calls ---------------------------
+
+#: The longest line of the pull protocol (a call's inputs, an answer's document).
+LINE_LIMIT = 16 * 2**20
+
+
+def pull(argv: list[str]) -> int:
+    """``--pull HOST:PORT --pool-key KEY --pod NAME``: a pod of a reusable environment's
+    pool on Kubernetes (:mod:`headway.activities.backends.kube_pool`). It connects to its
+    cluster worker, says which pool it serves, and runs the calls it is handed over that
+    connection, answering each with its outcome document, until the connection closes
+    (its pool torn down, or its worker gone)."""
+    p = argparse.ArgumentParser(prog="python -m headway.sdk.run --pull")
+    p.add_argument("--pull", required=True, metavar="HOST:PORT")
+    p.add_argument("--pool-key", required=True)
+    p.add_argument("--pod", default="")
+    args = p.parse_args(argv)
+    host, _, port = args.pull.rpartition(":")
+    if not isinstance(os.environ, _CallEnviron):
+        setattr(os, "environ", _CallEnviron(os.environ))  # noqa: B010
+    asyncio.run(_pull(host, int(port), args.pool_key, args.pod))
+    return 0
+
+
+async def _pull(host: str, port: int, key: str, pod: str) -> None:
+    reader, writer = await asyncio.open_connection(host, port, limit=LINE_LIMIT)
+
+    def answer(msg: dict[str, Any]) -> None:
+        writer.write((json.dumps(msg) + "\n").encode())
+
+    answer({"hello": key, "pod": pod, "pid": os.getpid()})
+
+    async def read() -> str:
+        try:
+            return (await reader.readline()).decode()
+        except ConnectionError:
+            return ""
+
+    try:
+        await _calls(read, answer)
+    finally:
+        writer.close()
 
 
 if __name__ == "__main__":

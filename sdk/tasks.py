@@ -716,16 +716,17 @@ class Action:
         return f"{_ui_base()}/namespaces/{self.namespace}/workflows/{self.handle.id}"
 
     async def outcome(self) -> ActionResult:
-        """How the action ended (waits in rounds of ``LONG_POLL_S``; on the SDK's loop)."""
+        """How the action ended (waits in rounds of ``LONG_POLL_S``; on the SDK's loop).
+        The round that sees it end reads its result: the history is fetched once, not
+        again to read the result (with many actions in flight, half the server's reads)."""
         from headway.workflows import client as hw
-        from temporalio.client import WorkflowFailureError
         from temporalio.service import RPCError, RPCStatusCode
 
         while True:
             try:
-                await self.handle.result(rpc_timeout=timedelta(seconds=LONG_POLL_S))
-            except WorkflowFailureError:
-                pass
+                return await hw.wait_result(
+                    self.handle, action_id=self.id, rpc_timeout=timedelta(seconds=LONG_POLL_S)
+                )
             except RPCError as err:
                 # The round's own deadline (a loaded client reports it as CANCELLED,
                 # "Timeout expired"): ask again.
@@ -739,7 +740,6 @@ class Action:
                     await asyncio.sleep(0.5)
                     continue
                 raise
-            return await hw.wait_result(self.handle, action_id=self.id)
 
     async def result(self) -> Any:
         """The task's return value, or its typed failure."""

@@ -27,12 +27,15 @@ from sqlalchemy import Table, delete, select, update
 from .leases import LeaseStore
 from .models import AuditRow, ConfigRow, TenantRow
 
-__all__ = ["CLUSTER", "ORG", "QUEUE", "ConfigStore"]
+__all__ = ["CLUSTER", "ENVIRONMENT", "ORG", "QUEUE", "ConfigStore"]
 
 QUEUE = "queue"
 ORG = "org"
 #: The tenant's fleet (the cluster registry): ``ClusterSpec.to_dict()`` per cluster.
 CLUSTER = "cluster"
+#: The tenant's reusable environments as declared (``EnvironmentSpec.to_dict()``, by the
+#: SDK at its first submit): a fresh scheduler knows them without their declaring again.
+ENVIRONMENT = "environment"
 
 
 class ConfigStore:
@@ -51,17 +54,23 @@ class ConfigStore:
         audit: Sequence[Mapping[str, Any]] = (),
         now: float | None = None,
         clusters: Mapping[str, Mapping[str, Any]] | None = None,
+        environments: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         """Replace the tenant's configuration with ``queues`` (by name) and ``org``, and
-        ``clusters`` (by name) when given (None: the stored clusters stay as they are:
-        a scheduler run recorded before the registry sends none), and add the ``audit``
-        rows not written before (by token), in one transaction."""
+        ``clusters`` and ``environments`` (by name) when given (None: those stored stay
+        as they are: a scheduler run recorded before they were stored sends none), and
+        add the ``audit`` rows not written before (by token), in one transaction."""
         at = time.time() if now is None else now
         specs = {(QUEUE, n): json.dumps(dict(q), sort_keys=True) for n, q in queues.items()}
         if org is not None:
             specs[(ORG, "")] = json.dumps(dict(org), sort_keys=True)
         for n, c in (clusters or {}).items():
             specs[(CLUSTER, n)] = json.dumps(dict(c), sort_keys=True)
+        for n, e in (environments or {}).items():
+            specs[(ENVIRONMENT, n)] = json.dumps(dict(e), sort_keys=True)
+        kept = {
+            k for k, given in ((CLUSTER, clusters), (ENVIRONMENT, environments)) if given is None
+        }
         table = cast(Table, ConfigRow.__table__)
         with self.store._tx() as conn:
             self.store._insert_ignore(conn, TenantRow, {"tenant": tenant, "created_at": at})
@@ -72,8 +81,7 @@ class ConfigStore:
                     select(ConfigRow.kind, ConfigRow.name, ConfigRow.spec).where(mine)
                 )
             }
-            if clusters is None:
-                have = {k: v for k, v in have.items() if k[0] != CLUSTER}
+            have = {k: v for k, v in have.items() if k[0] not in kept}
             for kind, name in sorted(set(have) - set(specs)):
                 conn.execute(
                     delete(ConfigRow).where(
@@ -143,7 +151,7 @@ class ConfigStore:
 
     def load(self, tenant: str) -> dict[str, Any]:
         """The tenant's configuration: ``{"queues": [spec, ...], "org": spec or None,
-        "clusters": [spec, ...]}``."""
+        "clusters": [spec, ...], "environments": [spec, ...]}``."""
         with self.store._tx() as conn:
             rows = conn.execute(
                 select(ConfigRow.kind, ConfigRow.name, ConfigRow.spec)
@@ -153,7 +161,8 @@ class ConfigStore:
         queues = [json.loads(r[2]) for r in rows if r[0] == QUEUE]
         org = next((json.loads(r[2]) for r in rows if r[0] == ORG), None)
         clusters = [json.loads(r[2]) for r in rows if r[0] == CLUSTER]
-        return {"queues": queues, "org": org, "clusters": clusters}
+        environments = [json.loads(r[2]) for r in rows if r[0] == ENVIRONMENT]
+        return {"queues": queues, "org": org, "clusters": clusters, "environments": environments}
 
     def tenants(self) -> list[str]:
         """Every tenant that has configuration, by name."""

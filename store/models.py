@@ -168,8 +168,9 @@ class TenantRow(Base):
 
 
 class ConfigRow(Base):
-    """One queue (``kind`` "queue", ``name`` the queue) or the org limits (``kind``
-    "org", ``name`` "") of a tenant, as its scheduler last applied them."""
+    """One queue (``kind`` "queue", ``name`` the queue), the org limits (``kind``
+    "org", ``name`` ""), a registered cluster (``kind`` "cluster") or a declared reusable
+    environment (``kind`` "environment") of a tenant, as its scheduler last applied them."""
 
     __tablename__ = "headway_configs"
 

@@ -701,7 +701,10 @@ async def cancel(client: Client, tenant: str, action_id: str) -> None:
 
 
 async def wait_result(
-    handle: WorkflowHandle[Any, Any], *, action_id: str | None = None
+    handle: WorkflowHandle[Any, Any],
+    *,
+    action_id: str | None = None,
+    rpc_timeout: timedelta | None = None,
 ) -> ActionResult:
     """Wait for an action to end; failures, rejections, cancellation and termination
     become results.
@@ -709,6 +712,8 @@ async def wait_result(
     Args:
         handle: the action's workflow.
         action_id: the action's id (else asked of the workflow, or read from its id).
+        rpc_timeout: the deadline of each call to the server (its long poll); past it,
+            ``temporalio.service.RPCError`` (ask again).
 
     Returns:
         ``ActionResult`` with state ``succeeded``, ``failed``, ``rejected`` or
@@ -717,7 +722,7 @@ async def wait_result(
         further, and the caller gets an answer rather than an exception.
     """
     try:
-        res = await handle.result()
+        res = await handle.result(rpc_timeout=rpc_timeout)
     except WorkflowFailureError as err:
         cause = err.cause
         if isinstance(cause, CancelledError):

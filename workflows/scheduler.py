@@ -203,6 +203,12 @@ class SchedulerWorkflow:
         # registered live, and those of the worker's fleet file), reloaded by a fresh
         # run; runs recorded before push only queues and org limits.
         self._clusters_in_config = self._serial and workflow.patched("clusters-in-config")
+        # Reusable environments too: a declaration is stored before its update returns,
+        # and a fresh run knows them without the SDK declaring them again (an SDK process
+        # declares each once); runs recorded before keep them only in the core's state.
+        self._envs_in_config = self._clusters_in_config and workflow.patched(
+            "environments-in-config"
+        )
         self._inbox: list[Callable[[], None]] = []
         # Configuration changes applied and not yet pushed to the store (one audit row
         # each), and how many this run has made (their tokens).
@@ -544,10 +550,14 @@ class SchedulerWorkflow:
         while nothing of it exists (no pool placed, no action of it known); otherwise it
         is refused, naming the fields that differ (the pool in place keeps its shape).
 
-        Declared environments live in the core's state (carried across continue-as-new);
-        a scheduler started afresh knows none until a submitter declares them again.
+        Declared environments live in the core's state (carried across continue-as-new)
+        and (``environments-in-config``) in the stored configuration, which a scheduler
+        started afresh reloads; this update returns once the declaration is stored.
         """
         env = _parse_environment(spec)
+        if self._envs_in_config:
+            await self._through_loop(lambda: _apply(lambda: self._declare(env)))
+            return env.to_dict()
         if not self._serial:
             _apply(lambda: self._declare(env))
             return env.to_dict()
@@ -619,10 +629,11 @@ class SchedulerWorkflow:
         )
 
     def _load_config(self, stored: dict[str, Any]) -> None:
-        """Take the tenant's stored configuration (a fresh run): its queues, its org, and
+        """Take the tenant's stored configuration (a fresh run): its queues, its org,
         (``clusters-in-config``) the clusters registered beyond its fleet file (a
         cluster the fleet file declares keeps the file's shape: the file is the
-        operator's declaration at start)."""
+        operator's declaration at start), and (``environments-in-config``) its declared
+        reusable environments."""
         known = self._cluster_names()
         clusters = (stored.get("clusters") or []) if self._clusters_in_config else []
         for spec in clusters:
@@ -647,6 +658,14 @@ class SchedulerWorkflow:
                 self._core.set_org(_parse_org(org))
             except (ValueError, KeyError, TypeError) as err:
                 workflow.logger.error("stored org limits %r left out: %s", org, err)
+        for spec in (stored.get("environments") or []) if self._envs_in_config else []:
+            try:  # stored as the core has it (EnvironmentSpec.to_dict(): millicores)
+                env = EnvironmentSpec.from_dict(spec)
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                workflow.logger.error("stored environment %r left out: %s", spec, err)
+                continue
+            # One declared meanwhile (its update waited for this load) is the newer.
+            self._core.env_specs.setdefault(env.name, env)
 
     def _remove_queue(self, name: str) -> None:
         _apply(lambda: self._core.remove_queue(name))
@@ -711,6 +730,11 @@ class SchedulerWorkflow:
                 **(
                     {"clusters": {str(c["name"]): dict(c) for c in self._fleet}}
                     if self._clusters_in_config
+                    else {}
+                ),
+                **(
+                    {"environments": {n: e.to_dict() for n, e in self._core.env_specs.items()}}
+                    if self._envs_in_config
                     else {}
                 ),
             },

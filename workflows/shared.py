@@ -161,7 +161,8 @@ class DoorInput:
     ``rate``: the tenant's submit rate (``{"per_second", "burst"}``, None unlimited);
     ``queues``: per queue ``{"status", "depth", "rate"}`` (a queue left out has no door).
     ``config``: the whole configuration, stored with the door (``{"queues": {name:
-    QueueSpec.to_dict()}, "org": OrgLimits.to_dict()}``; None: leave it as stored);
+    QueueSpec.to_dict()}, "org": OrgLimits.to_dict()}``, and by name ``"clusters"`` and
+    ``"environments"`` when the run stores them; None: leave it as stored);
     ``audit``: the changes since the last push, one audit row each (``ConfigStore``).
     """
 

@@ -15,7 +15,10 @@ A task of a reusable environment (its command carries ``--pool NAME`` and the po
 shape, :class:`headway.ReusePolicy`) does not get a fresh process: it is sent to the
 environment's pool, ``replicas`` long-lived processes of ``python -m headway.sdk.run
 --serve`` started by its first task, each running up to ``concurrency`` calls at a time
-(the least busy one takes the next call; more wait for a slot). A pool left without a
+(the least busy one takes the next call; more wait for a slot). Each call carries its
+pod's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ... and the action's own
+variables, as a fresh process gets them): the pool process gives each call its own
+``os.environ`` (see :func:`headway.sdk.run.serve`). A pool left without a
 call for its ``idle_ttl`` is torn down: its processes are told to stop (stdin closed)
 and are killed if they do not. Its processes' output goes to ``pool-<name>-<i>.log``.
 """
@@ -111,7 +114,8 @@ async def run_task_process(
         output_file.unlink()
     shape = pool_shape(command)
     if shape is not None:
-        return await POOLS.run(shape, command, output_file, log_file)
+        call_env = {**env, OUTPUT_FILE_ENV: str(output_file)}
+        return await POOLS.run(shape, command, call_env, output_file, log_file)
     argv = [sys.executable, *command[1:]]
     with log_file.open("ab") as log:
         proc = await asyncio.create_subprocess_exec(
@@ -268,7 +272,9 @@ class _Pool:
                     return ties[self.turn % len(ties)]
                 await self.changed.wait()
 
-    async def run(self, command: list[str], output_file: Path, log_file: Path) -> TaskOutcome:
+    async def run(
+        self, command: list[str], env: dict[str, str], output_file: Path, log_file: Path
+    ) -> TaskOutcome:
         if self.idle is not None:
             self.idle.cancel()
             self.idle = None
@@ -283,7 +289,7 @@ class _Pool:
                     f"runs in pool {self.shape.name!r}, process {replica.proc.pid}"
                     f" (its output: {replica.log})\n"
                 )
-            replica.send({"id": rid, "argv": command[3:], "output": str(output_file)})
+            replica.send({"id": rid, "argv": command[3:], "output": str(output_file), "env": env})
             try:
                 code = await asyncio.shield(fut)
             except asyncio.CancelledError:
@@ -339,7 +345,12 @@ class Pools:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(
-        self, shape: PoolShape, command: list[str], output_file: Path, log_file: Path
+        self,
+        shape: PoolShape,
+        command: list[str],
+        env: dict[str, str],
+        output_file: Path,
+        log_file: Path,
     ) -> TaskOutcome:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
@@ -357,7 +368,7 @@ class Pools:
                     pool = _Pool(shape, log_file.parent)
                     await pool.start()
                     self._pools[shape] = pool
-        return await pool.run(command, output_file, log_file)
+        return await pool.run(command, env, output_file, log_file)
 
     def forget(self, pool: _Pool) -> None:
         if self._pools.get(pool.shape) is pool:

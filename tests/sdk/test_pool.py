@@ -12,9 +12,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from headway.activities.backends.sim_task import POOLS, PoolShape, pool_shape
+from headway.activities.backends.sim_task import POOLS, PoolShape, master_port, pool_shape
 from headway.protocol import ActionEventKind as K
-from headway.protocol import PodSpec
+from headway.protocol import GangKind, PodSpec
 from headway.tests.cluster.helpers import collect_until_terminal, request, sim
 
 MODULE = """\
@@ -150,3 +150,109 @@ async def test_twenty_actions_run_in_the_pools_two_processes_then_it_is_torn_dow
     finally:
         await POOLS.close()
         await b.close()
+
+
+ENV_MODULE = """\
+import asyncio, json, os
+import headway
+
+env = headway.TaskEnvironment(
+    name="envs",
+    reusable=headway.ReusePolicy(replicas=1, concurrency=4, idle_ttl=1),
+)
+
+NAMES = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+         "HEADWAY_ACTION_ID", "HEADWAY_POD", "COLOUR", "FLAVOUR"]
+
+@env.task
+async def seen(out: str) -> int:
+    first = {n: os.environ.get(n) for n in NAMES}
+    os.environ["MINE"] = first["HEADWAY_POD"]  # a call's own write stays its own
+    await asyncio.sleep(0.5)  # the other calls run meanwhile, in this same process
+    after = {n: os.getenv(n) for n in NAMES + ["MINE"]}
+    with open(os.path.join(out, first["HEADWAY_POD"] + ".json"), "w") as fh:
+        json.dump({"first": first, "after": after, "pid": os.getpid()}, fh)
+    return os.getpid()
+"""
+
+
+def env_request(root: Path, action: str, out: Path, colours: list[str]):  # type: ignore[no-untyped-def]
+    command = ["python", "-m", "headway.sdk.run", "--module", "envtask", "--task", "seen"]
+    command += ["--root", str(root), "--action", action, "--run", "r", "--address", "x:1"]
+    command += ["--env", "FLAVOUR=mint", "--pool", "envs", "--pool-replicas", "1"]
+    command += ["--pool-concurrency", "4", "--pool-idle-ttl", "1"]
+    command += ["--inputs", json.dumps({"out": str(out)})]
+    pods = [
+        PodSpec(role="worker", index=i, cpu_m=100, memory=2**20, command=command, env={"COLOUR": c})
+        for i, c in enumerate(colours)
+    ]
+    kind = GangKind.REPLICAS if len(pods) > 1 else GangKind.SINGLE
+    return request(action, pods, kind=kind, duration_s=None)
+
+
+async def test_each_call_in_a_pool_process_sees_its_own_pods_environment(tmp_path: Path):
+    # A gang of two and a single action, all three calls at once in the pool's one
+    # process: each sees its rank, world size, rendezvous address and its pod's own
+    # variables, as a fresh process would, before and after the others ran.
+    (tmp_path / "envtask.py").write_text(ENV_MODULE)
+    out = tmp_path / "seen"
+    out.mkdir()
+    b = sim(state_dir=tmp_path / "state")
+    await b.start()
+    try:
+        ends = await asyncio.gather(
+            _run(b, env_request(tmp_path, "gang", out, ["red", "blue"])),
+            _run(b, env_request(tmp_path, "solo", out, ["green"])),
+        )
+        assert [e[-1].kind for e in ends] == [K.SUCCEEDED, K.SUCCEEDED]
+    finally:
+        await POOLS.close()
+        await b.close()
+    seen = [json.loads(p.read_text()) for p in sorted(out.iterdir())]
+    assert len(seen) == 3 and len({s["pid"] for s in seen}) == 1  # one process served all
+    by_action: dict[str, list[dict[str, str]]] = {}
+    for s in seen:
+        assert {k: v for k, v in s["after"].items() if k != "MINE"} == s["first"]
+        assert s["after"]["MINE"] == s["first"]["HEADWAY_POD"]
+        by_action.setdefault(s["first"]["HEADWAY_ACTION_ID"], []).append(s["first"])
+    gang = sorted(by_action["gang"], key=lambda e: e["RANK"])
+    (solo,) = by_action["solo"]
+    assert [(e["RANK"], e["WORLD_SIZE"], e["COLOUR"]) for e in gang] == [
+        ("0", "2", "red"),
+        ("1", "2", "blue"),
+    ]
+    assert (solo["RANK"], solo["WORLD_SIZE"], solo["COLOUR"]) == ("0", "1", "green")
+    for e in [*gang, solo]:
+        assert (e["MASTER_ADDR"], e["LOCAL_RANK"], e["FLAVOUR"]) == ("127.0.0.1", "0", "mint")
+        assert e["MASTER_PORT"] == str(master_port(e["HEADWAY_ACTION_ID"]))
+    assert "MINE" not in os.environ  # the worker's own environment is untouched
+
+
+def test_a_calls_environment_is_its_own_over_the_processes():
+    # The pool process's os.environ (headway.sdk.run._CallEnviron): a call reads its own
+    # variables first, writes and deletes only its own, and outside a call it is the
+    # process's environment.
+    import contextvars
+
+    from headway.sdk.run import _CALL_ENV, _CallEnviron
+
+    base = {"HOME": "/root", "SHARED": "process"}
+    environ = _CallEnviron(base)
+
+    def in_call() -> None:
+        _CALL_ENV.set({"SHARED": "call", "RANK": "3"})
+        assert environ["SHARED"] == "call" and environ.get("RANK") == "3"
+        assert environ["HOME"] == "/root"
+        environ["MINE"] = "x"
+        del environ["HOME"]
+        assert "HOME" not in environ and environ.get("HOME") is None
+        assert environ.copy() == {"SHARED": "call", "RANK": "3", "MINE": "x"}
+        assert len(environ) == 3
+        with pytest.raises(KeyError):
+            del environ["HOME"]
+
+    contextvars.copy_context().run(in_call)
+    assert base == {"HOME": "/root", "SHARED": "process"}  # the process's is untouched
+    assert dict(environ) == base
+    environ["OUTSIDE"] = "y"  # outside a call: the process's own
+    assert base["OUTSIDE"] == "y"

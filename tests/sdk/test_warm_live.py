@@ -198,6 +198,71 @@ def test_another_shape_of_an_environment_in_use_is_refused(stack: Stack, tmp_pat
     assert asyncio.run(_actions(stack, "shape-2", expect=0)) == {}
 
 
+KEPT_PROGRAM = """\
+import asyncio, os, sys
+import headway
+
+pool = headway.TaskEnvironment(
+    name="kept-pool",
+    resources=headway.Resources(cpu=1, memory="1Gi"),
+    reusable=headway.ReusePolicy(replicas=1, concurrency=2, idle_ttl="60s"),
+)
+
+@pool.task
+async def pid() -> int:
+    return os.getpid()
+
+async def main(go: str) -> None:
+    first = await headway.with_runcontext(queue="kept-warm", name="kept-1").run_async(pid)
+    print(await first.result(), flush=True)
+    while not os.path.exists(go):  # the test restarts the scheduler meanwhile
+        await asyncio.sleep(0.05)
+    # This process declared the environment once: it does not declare it again.
+    second = await headway.with_runcontext(queue="kept-warm", name="kept-2").run_async(pid)
+    print(await second.result(), flush=True)
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_declared_environment_is_kept_by_a_scheduler_started_afresh(stack: Stack, tmp_path: Path):
+    from headway import protocol
+
+    spec = {"name": "kept-warm", "max_resources": {"cpu": 4000}}
+    _query(stack, lambda c: hw.upsert_queue(c, "default", spec))
+    go = tmp_path / "go"
+    prog = _start(stack, tmp_path, KEPT_PROGRAM, str(go))
+    try:
+        assert prog.stdout is not None
+        first = int(prog.stdout.readline() or "0")
+        assert first, prog.poll() is not None and prog.communicate()
+
+        async def terminate(c: Any) -> None:
+            h = c.get_workflow_handle(protocol.scheduler_workflow_id("default"))
+            await h.terminate(reason="a lost scheduler (test)")
+            # The next change starts a fresh scheduler, from nothing but the store.
+            await hw.upsert_queue(c, "default", spec)
+
+        _query(stack, terminate)
+        snap = _query(stack, lambda c: hw.get_snapshot(c, "default"))["snapshot"]
+        assert "kept-pool" in [e["name"] for e in snap["env_specs"]]
+        # The old run's placement of the pool went with it.
+        assert "kept-pool" not in [e["name"] for e in snap["envs"]]
+        go.write_text("")
+        out, err = prog.communicate(timeout=120)
+    finally:
+        if prog.poll() is None:
+            prog.kill()
+            prog.wait()
+    assert prog.returncode == 0, err
+    # The second action ran in the pool's process on the worker, and the fresh scheduler
+    # placed the pool for it (a placement it makes only for a declared environment).
+    assert int(out.strip()) == first
+    snap = _query(stack, lambda c: hw.get_snapshot(c, "default"))["snapshot"]
+    assert ("kept-pool", "kept-warm") in [(e["name"], e["queue"]) for e in snap["envs"]]
+
+
 @pytest.mark.timeout(1800)
 def test_a_thousand_tiny_tasks_through_map_with_backpressure(stack: Stack, tmp_path: Path):
     """1,000 calls through ``headway.map`` onto a queue 50 deep, served by a warm pool:

@@ -57,12 +57,14 @@ def test_save_replaces_the_configuration_and_load_reads_it_back(
         "queues": [{"name": "a"}, {"name": "b", "depth": 3}],
         "org": {"x": 1},
         "clusters": [],
+        "environments": [],
     }
     config.save(tenant, {"b": {"name": "b", "depth": 4}}, None)
     assert config.load(tenant) == {
         "queues": [{"name": "b", "depth": 4}],
         "org": None,
         "clusters": [],
+        "environments": [],
     }
     assert tenant in config.tenants()
 
@@ -77,6 +79,24 @@ def test_the_cluster_registry_is_replaced_only_when_given(config: ConfigStore, t
     config.save(tenant, {"q": {"name": "q"}}, None, clusters={"b": b})
     assert config.load(tenant)["clusters"] == [b]
     assert config.load(tenant)["queues"] == [{"name": "q"}]
+
+
+def test_declared_environments_are_replaced_only_when_given(
+    config: ConfigStore, tenant: str
+) -> None:
+    a = {"name": "a", "resources": {"cpu": 1000}, "replicas": 2, "concurrency": 4, "idle_ttl": 60}
+    b = {**a, "name": "b", "replicas": 1}
+    config.save(tenant, {}, None, clusters={}, environments={"a": a, "b": b})
+    assert config.load(tenant)["environments"] == [a, b]
+    # A scheduler run recorded before environments were stored sends none: they stay,
+    # whatever it says of the clusters.
+    config.save(tenant, {"q": {"name": "q"}}, None, clusters={"c": {"name": "c"}})
+    assert config.load(tenant)["environments"] == [a, b]
+    changed = {**a, "replicas": 3}
+    config.save(tenant, {"q": {"name": "q"}}, None, environments={"a": changed})
+    stored = config.load(tenant)
+    assert stored["environments"] == [changed]
+    assert stored["clusters"] == [{"name": "c"}] and stored["queues"] == [{"name": "q"}]
 
 
 def test_an_audit_row_is_written_once_per_token(config: ConfigStore, tenant: str) -> None:

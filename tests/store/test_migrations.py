@@ -145,6 +145,7 @@ def test_a_sqlite_file_of_the_r0003_schema_upgrades_and_keeps_its_rows(tmp_path:
             "queues": [],
             "org": None,
             "clusters": [],
+            "environments": [],
         }
         config.save("old", {"q": {"name": "q", "depth": 10}}, None)
         assert config.tenants() == ["old"]
