@@ -79,7 +79,7 @@ from .base import (
     PodRecord,
     label_value,
     pod_name,
-    sanitize_dns1123,
+    service_name,
 )
 from .sim_task import is_task_command
 
@@ -121,11 +121,6 @@ UNSEEN_TTL_S = 60.0
 # --- pod construction -------------------------------------------------------------------
 
 
-def service_name(action_id: str) -> str:
-    """The headless Service giving a gang's pods stable DNS names."""
-    return sanitize_dns1123(f"hw-{action_id}")
-
-
 #: Keeps a Headway pod on the API server, marked for deletion, until its outcome is
 #: recorded: the pod is the record that its dispatch created it.
 FINALIZER = "headway.io/dispatch"
@@ -144,10 +139,26 @@ def _resources(spec: PodSpec) -> dict[str, str]:
     return res
 
 
-def _gang_env(req: DispatchRequest, namespace: str) -> dict[tuple[str, int], dict[str, str]]:
+def owner(req: DispatchRequest, legacy: bool = False) -> str:
+    """The tenant that names the action's pods and Service ("" for the names a worker
+    gave them before tenants were part of names: ``legacy``)."""
+    return "" if legacy else req.tenant
+
+
+def pod_names(req: DispatchRequest, legacy: bool = False) -> list[str]:
+    """The names of the action's pods, in ``req.pods`` order (see ``legacy`` in
+    :func:`owner`)."""
+    return [pod_name(req.action_id, p.role, p.index, owner(req, legacy)) for p in req.pods]
+
+
+def _gang_env(
+    req: DispatchRequest, namespace: str, legacy: bool = False
+) -> dict[tuple[str, int], dict[str, str]]:
     """Per-pod environment that lets a gang find itself (rendezvous addresses, ranks)."""
-    svc = service_name(req.action_id)
-    names = {(p.role, p.index): pod_name(req.action_id, p.role, p.index) for p in req.pods}
+    svc = service_name(req.action_id, owner(req, legacy))
+    names = {
+        (p.role, p.index): name for p, name in zip(req.pods, pod_names(req, legacy), strict=True)
+    }
 
     def fqdn(role: str, index: int) -> str:
         return f"{names[(role, index)]}.{svc}.{namespace}.svc"
@@ -308,6 +319,7 @@ def build_pods(
     dispatch: str = "",
     gpu_names: Mapping[str, str] | None = None,
     constrain: bool = True,
+    legacy: bool = False,
 ) -> list[dict[str, Any]]:
     """The Pod manifests of one action (plain dicts, as sent to the API server).
 
@@ -320,16 +332,17 @@ def build_pods(
     for hints that name no node of the cluster). Annotations carry the
     action id, its workflow id and the ``dispatch`` creating the pod, verbatim; the
     action's own options (``req.kube``) add labels, annotations, env, volumes, ...
-    An SDK task's container writes its outcome to its termination message.
+    An SDK task's container writes its outcome to its termination message. Pods and
+    Service are named for the tenant and the action (``legacy``: for the action alone,
+    as before tenants were part of names, to complete a gang begun that way).
     """
-    gang = _gang_env(req, namespace)
-    svc = service_name(req.action_id) if needs_service(req) else None
+    gang = _gang_env(req, namespace, legacy)
+    svc = service_name(req.action_id, owner(req, legacy)) if needs_service(req) else None
     names_map = gpu_names or {}
     kube = req.kube
     hints = sorted(set(req.node_hints)) if constrain else []
     out: list[dict[str, Any]] = []
-    for p in req.pods:
-        name = pod_name(req.action_id, p.role, p.index)
+    for p, name in zip(req.pods, pod_names(req, legacy), strict=True):
         env = {**(kube.env if kube else {}), **p.env, **gang[(p.role, p.index)]}
         env.update(
             {"HEADWAY_ACTION_ID": req.action_id, "HEADWAY_TENANT": req.tenant, "HEADWAY_POD": name}
@@ -384,15 +397,20 @@ def build_pods(
     return out
 
 
-def build_service(req: DispatchRequest, namespace: str) -> dict[str, Any]:
-    """The headless Service behind the gang's pod DNS names (torchrun, Ray, Spark)."""
+def build_service(req: DispatchRequest, namespace: str, legacy: bool = False) -> dict[str, Any]:
+    """The headless Service behind the gang's pod DNS names (torchrun, Ray, Spark),
+    selecting the pods of this tenant's action only (``legacy``: as named and selecting
+    before tenants were part of names, for a gang begun that way)."""
+    selector = {ACTION_LABEL: label_value(req.action_id)}
+    if not legacy:
+        selector[TENANT_LABEL] = label_value(req.tenant)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": service_name(req.action_id),
+            "name": service_name(req.action_id, owner(req, legacy)),
             "namespace": namespace,
-            "labels": {ACTION_LABEL: label_value(req.action_id)},
+            "labels": dict(selector),
             "annotations": {ACTION_ANNOTATION: req.action_id},
         },
         "spec": {
@@ -400,7 +418,7 @@ def build_service(req: DispatchRequest, namespace: str) -> dict[str, Any]:
             # Peers must resolve before they are Ready: the rendezvous is what makes
             # them Ready.
             "publishNotReadyAddresses": True,
-            "selector": {ACTION_LABEL: label_value(req.action_id)},
+            "selector": selector,
             "ports": [
                 {"name": "master", "port": MASTER_PORT},
                 {"name": "ray-gcs", "port": RAY_GCS_PORT},
@@ -612,6 +630,18 @@ def _action_of(pod: dict[str, Any]) -> str | None:
         return str(annotated)
     labelled = (meta.get("labels") or {}).get(ACTION_LABEL)
     return str(labelled) if labelled else None
+
+
+def _tenant_of(pod: dict[str, Any]) -> str:
+    """The tenant label of a Headway pod (a tenant name is a valid label value as it
+    is); "" when it has none."""
+    return str(((pod.get("metadata") or {}).get("labels") or {}).get(TENANT_LABEL, ""))
+
+
+def _owner_of(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """``(tenant, action id)`` of a Headway pod; None for any other pod."""
+    action = _action_of(pod)
+    return None if action is None else (_tenant_of(pod), action)
 
 
 def _dispatch_of(pod: dict[str, Any]) -> str:
@@ -870,7 +900,8 @@ class KubernetesBackend:
         self._gone_nodes: set[str] = set()
         self._all_pods_known = False
         self._last: dict[tuple[str, str], ActionEvent] = {}
-        self._deleting: set[str] = set()
+        # (tenant, action) Headway is deleting the pods of ("" tenant: every tenant's).
+        self._deleting: set[tuple[str, str]] = set()
         # Pods replaced by a newer dispatch's pod of the same name: never reported.
         self._stale_uids: set[str] = set()
         self._pods_synced = asyncio.Event()
@@ -989,13 +1020,14 @@ class KubernetesBackend:
         dispatch's created. With ``adopt_only`` nothing is sent to the API server.
         """
         ns = self.namespace_of(req)
-        self._deleting.discard(req.action_id)
-        names = [pod_name(req.action_id, p.role, p.index) for p in req.pods]
+        self._deleting.discard((req.tenant, req.action_id))
+        legacy = await self._begun_before_tenants(req, ns, dispatch, adopt_only)
+        names = pod_names(req, legacy)
         if not adopt_only:
             if needs_service(req):
                 await self._create(
                     lambda body: self.api.create_namespaced_service(ns, _any(body)),
-                    build_service(req, ns),
+                    build_service(req, ns, legacy),
                 )
             bodies = build_pods(
                 req,
@@ -1004,17 +1036,64 @@ class KubernetesBackend:
                 dispatch=dispatch,
                 gpu_names=self.gpu_names,
                 constrain=self._hints_known(req),
+                legacy=legacy,
             )
             for spec, body in zip(req.pods, bodies, strict=True):
                 await self._create_pod(ns, body, spec, dispatch)
             if len(names) > 1:
                 await self._release_gang(ns, names)
         elif len(names) > 1:
-            await self._complete_held_gang(req, ns, names, dispatch)
+            await self._complete_held_gang(req, ns, names, dispatch, legacy)
         # Adoption relies on the informer's picture: make sure it has been listed once.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._pods_synced.wait(), self.sync_timeout_s)
         return names
+
+    async def _begun_before_tenants(
+        self, req: DispatchRequest, ns: str, dispatch: str, adopt_only: bool
+    ) -> bool:
+        """Whether this dispatch's pods exist under the names a worker gave them before
+        tenants were part of names (its predecessor, since upgraded, created them): they
+        keep those names, and are adopted, never created a second time under the new.
+
+        A retry (``adopt_only``) asks the API server; a first attempt, the informer's
+        picture (it creates only what is missing anyway), where another dispatch's pod
+        of such a name is stale, as a pod of the same name would be: it is removed.
+        """
+        legacy = set(pod_names(req, legacy=True))
+        if adopt_only:
+            found = [
+                p
+                for p in await self._list_action_pods(req.action_id, ns, req.tenant)
+                if p["metadata"]["name"] in legacy
+            ]
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pods_synced.wait(), self.sync_timeout_s)
+            found = [
+                pod
+                for name in sorted(legacy)
+                if (pod := self._pods.get((ns, name))) is not None
+                and _action_of(pod) == req.action_id
+                and _tenant_of(pod) in ("", req.tenant)
+            ]
+        ours = [p for p in found if not dispatch or _dispatch_of(p) in ("", dispatch)]
+        if not adopt_only:
+            for stale in (p for p in found if p not in ours):
+                name = stale["metadata"]["name"]
+                log.warning("pod %s is of an earlier dispatch, not %s: removing", name, dispatch)
+                self._stale_uids.add(_uid(stale))
+                self._last.pop((ns, name), None)
+                with contextlib.suppress(ApiException):
+                    await self._remove_pod(ns, stale)
+                await self._wait_gone(ns, name)
+        if ours:
+            log.info(
+                "%s: adopting pods named before tenants were part of names: %s",
+                req.action_id,
+                ", ".join(sorted(p["metadata"]["name"] for p in ours)),
+            )
+        return bool(ours)
 
     def _hints_known(self, req: DispatchRequest) -> bool:
         """Whether the admission's node hints are nodes of this cluster: an admission
@@ -1090,7 +1169,7 @@ class KubernetesBackend:
             )
 
     async def _complete_held_gang(
-        self, req: DispatchRequest, ns: str, names: list[str], dispatch: str
+        self, req: DispatchRequest, ns: str, names: list[str], dispatch: str, legacy: bool
     ) -> None:
         """An earlier attempt's gang still held by its gate (that attempt died creating
         it, or releasing it). Wholly held: nothing of it ran, so what is missing is
@@ -1098,7 +1177,7 @@ class KubernetesBackend:
         began, so the rest is released (a member missing now went after that: lost)."""
         pods = {
             p["metadata"]["name"]: p
-            for p in await self._list_action_pods(req.action_id, ns)
+            for p in await self._list_action_pods(req.action_id, ns, req.tenant)
             if _dispatch_of(p) == dispatch
         }
         held = [n for n, p in pods.items() if (p.get("spec") or {}).get("schedulingGates")]
@@ -1121,6 +1200,7 @@ class KubernetesBackend:
             dispatch=dispatch,
             gpu_names=self.gpu_names,
             constrain=self._hints_known(req),
+            legacy=legacy,
         )
         for spec, body in zip(req.pods, bodies, strict=True):
             if body["metadata"]["name"] in missing:
@@ -1159,7 +1239,9 @@ class KubernetesBackend:
                 raise
             log.info("adopting existing %s %s", body["kind"], body["metadata"]["name"])
 
-    async def delete_pods(self, action_id: str, namespace: str = "default") -> int:
+    async def delete_pods(
+        self, action_id: str, namespace: str = "default", *, tenant: str = ""
+    ) -> int:
         """Delete the action's pods and Service (404s are fine: idempotent).
 
         Every pod is tried even when one delete fails; the first failure is raised after
@@ -1167,14 +1249,20 @@ class KubernetesBackend:
         """
         # A queue's own namespace is taken as given; any other is the worker's.
         ns = namespace if namespace in self.queue_namespaces.values() else self._ns(namespace)
-        self._deleting.add(action_id)
-        items = await self._list_action_pods(action_id, ns if self._scope else None)
+        self._deleting.add((tenant, action_id))
+        items = await self._list_action_pods(action_id, ns if self._scope else None, tenant)
         deleted = 0
         failure: ApiException | None = None
         spaces = {ns}
+        # The tenant's Service, and whichever its pods name (a gang begun before tenants
+        # were part of names has the Service named for the action alone).
+        services = {service_name(action_id, tenant)}
         for pod in items:
             pod_ns = (pod.get("metadata") or {}).get("namespace") or ns
             spaces.add(pod_ns)
+            subdomain = (pod.get("spec") or {}).get("subdomain")
+            if subdomain:
+                services.add(str(subdomain))
             try:
                 await self._remove_pod(pod_ns, pod, grace_s=self.delete_grace_s)
                 deleted += 1
@@ -1182,13 +1270,12 @@ class KubernetesBackend:
                 if exc.status != 404:
                     failure = failure or exc
         for space in sorted(spaces):
-            try:
-                await asyncio.to_thread(
-                    self.api.delete_namespaced_service, service_name(action_id), space
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    failure = failure or exc
+            for service in sorted(services):
+                try:
+                    await asyncio.to_thread(self.api.delete_namespaced_service, service, space)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        failure = failure or exc
         if failure is not None:
             raise failure
         return deleted
@@ -1235,9 +1322,14 @@ class KubernetesBackend:
             pod = fresh
         raise RuntimeError(f"pod {ns}/{name}: its finalizer could not be lifted")
 
-    async def _list_action_pods(self, action_id: str, ns: str | None) -> list[dict[str, Any]]:
-        """The action's pods as the API server has them now (not the informer's copy)."""
+    async def _list_action_pods(
+        self, action_id: str, ns: str | None, tenant: str = ""
+    ) -> list[dict[str, Any]]:
+        """The action's pods as the API server has them now (not the informer's copy):
+        ``tenant``'s only when given (every tenant's of that id when empty)."""
         selector = f"{ACTION_LABEL}={label_value(action_id)}"
+        if tenant:
+            selector += f",{TENANT_LABEL}={label_value(tenant)}"
         if ns is None:
             resp: Any = await asyncio.to_thread(
                 self.api.list_pod_for_all_namespaces,
@@ -1298,23 +1390,28 @@ class KubernetesBackend:
         """
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._pods_synced.wait(), self.sync_timeout_s)
-        found: dict[str, HeadwayPods] = {}
+        found: dict[tuple[str, str], HeadwayPods] = {}
         for (ns, _), pod in self._pods.items():
-            action = _action_of(pod)
-            if action is None or action in found:
+            key = _owner_of(pod)
+            if key is None or key in found:
                 continue
+            tenant, action = key
             meta = pod.get("metadata") or {}
             workflow = (meta.get("annotations") or {}).get(WORKFLOW_ANNOTATION)
             if workflow:
-                found[action] = HeadwayPods(action, str(workflow), ns)
+                found[key] = HeadwayPods(action, str(workflow), ns, tenant=tenant)
             else:
-                tenant = (meta.get("labels") or {}).get(TENANT_LABEL, "")
-                found[action] = HeadwayPods(
-                    action, action_workflow_id(tenant, action), ns, exact=False
+                found[key] = HeadwayPods(
+                    action, action_workflow_id(tenant, action), ns, exact=False, tenant=tenant
                 )
-        return [found[a] for a in sorted(found)]
+        return [found[k] for k in sorted(found, key=lambda k: (k[1], k[0]))]
 
-    def forget(self, action_id: str) -> None:
+    def _being_deleted(self, pod: dict[str, Any]) -> bool:
+        """Whether Headway is deleting the pods of the pod's action (of its tenant)."""
+        tenant, action = _tenant_of(pod), _action_of(pod)
+        return action is not None and bool({(tenant, action), ("", action)} & self._deleting)
+
+    def forget(self, action_id: str, *, tenant: str = "") -> None:
         """Nothing to forget: the API server is the record."""
 
     # --- events -------------------------------------------------------------------------
@@ -1335,7 +1432,7 @@ class KubernetesBackend:
         action = _action_of(pod)
         if action is None or _uid(pod) in self._stale_uids:
             return
-        if action in self._deleting and (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if self._being_deleted(pod) and (pod.get("metadata") or {}).get("deletionTimestamp"):
             return  # Headway's own deletion (an ended or cancelled action): nothing to say
         state = translate_pod(pod, node_gone=node_gone)
         if state is None:
@@ -1484,7 +1581,7 @@ class KubernetesBackend:
         last = self._last.get(key)
         if (
             action is not None
-            and action not in self._deleting
+            and not self._being_deleted(pod)
             and (last is None or last.kind not in TERMINAL_EVENTS)
         ):
             # Deleted under a live action by someone else: the pod is not coming back.

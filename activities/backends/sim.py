@@ -142,6 +142,7 @@ class _Record:
     namespace: str
     at: float
     pods: dict[str, PodRecord] = field(default_factory=dict)
+    tenant: str = ""  # "" in state written before tenants were kept
 
 
 def _fits(spec: PodSpec, node: _Node, free: Pod) -> bool:
@@ -350,13 +351,20 @@ class SimBackend:
     def _record(self, req: DispatchRequest, dispatch: str, now: float) -> _Record:
         record = self._records.get(dispatch)
         if record is None:
-            record = _Record(req.action_id, req.workflow_id, req.namespace, now)
+            record = _Record(req.action_id, req.workflow_id, req.namespace, now, tenant=req.tenant)
             self._records[dispatch] = record
         return record
 
-    async def delete_pods(self, action_id: str, namespace: str = "default") -> int:
-        """Delete the action's pods (running or not); idempotent."""
-        doomed = [p for p in self._pods.values() if p.action_id == action_id]
+    async def delete_pods(
+        self, action_id: str, namespace: str = "default", *, tenant: str = ""
+    ) -> int:
+        """Delete ``tenant``'s action's pods (running or not; any tenant's when empty,
+        and pods of state kept before tenants were); idempotent."""
+        doomed = [
+            p
+            for p in self._pods.values()
+            if p.action_id == action_id and (not tenant or p.tenant in ("", tenant))
+        ]
         now = self.clock()
         for pod in doomed:
             self._remove(pod, now)
@@ -398,16 +406,29 @@ class SimBackend:
 
     async def headway_pods(self) -> list[HeadwayPods]:
         """Every action with pods or a dispatch record here."""
-        found: dict[str, HeadwayPods] = {}
+        found: dict[tuple[str, str], HeadwayPods] = {}
         for p in self._pods.values():
-            found.setdefault(p.action_id, HeadwayPods(p.action_id, p.workflow_id, p.namespace))
+            found.setdefault(
+                (p.action_id, p.tenant),
+                HeadwayPods(p.action_id, p.workflow_id, p.namespace, tenant=p.tenant),
+            )
+        pods_of = {h.workflow_id for h in found.values()}
         for r in self._records.values():
-            found.setdefault(r.action_id, HeadwayPods(r.action_id, r.workflow_id, r.namespace))
-        return [found[a] for a in sorted(found)]
+            if r.workflow_id not in pods_of:
+                found.setdefault(
+                    (r.action_id, r.tenant),
+                    HeadwayPods(r.action_id, r.workflow_id, r.namespace, tenant=r.tenant),
+                )
+        return [found[k] for k in sorted(found)]
 
-    def forget(self, action_id: str) -> None:
-        """Drop the dispatch records of an ended action."""
-        for key in [k for k, r in self._records.items() if r.action_id == action_id]:
+    def forget(self, action_id: str, *, tenant: str = "") -> None:
+        """Drop the dispatch records of ``tenant``'s ended action (any tenant's when
+        empty, and records kept before tenants were)."""
+        for key in [
+            k
+            for k, r in self._records.items()
+            if r.action_id == action_id and (not tenant or r.tenant in ("", tenant))
+        ]:
             del self._records[key]
         self._persist()
 
@@ -962,6 +983,7 @@ class SimBackend:
                     "action_id": r.action_id,
                     "workflow_id": r.workflow_id,
                     "namespace": r.namespace,
+                    "tenant": r.tenant,
                     "at": r.at,
                     "pods": {
                         name: {"node": pr.node, "outcome": str(pr.outcome) if pr.outcome else None}
@@ -1062,6 +1084,7 @@ class SimBackend:
                         )
                         for name, pr in (r.get("pods") or {}).items()
                     },
+                    tenant=str(r.get("tenant", "")),
                 )
             self._outbox = list(state.get("outbox") or [])
         except (ValueError, KeyError, TypeError) as exc:

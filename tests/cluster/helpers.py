@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from headway.activities.backends.base import pod_name
 from headway.activities.backends.kubernetes import KubernetesBackend
 from headway.activities.backends.sim import SimBackend
 from headway.protocol import ActionEvent, ActionEventKind, DispatchRequest, GangKind, PodSpec
@@ -40,6 +41,12 @@ def small_cluster(name: str = "c1", *, reports_capacity: bool = True) -> Cluster
 def sim(spec: ClusterSpec | None = None, **opts: object) -> SimBackend:
     opts.setdefault("time_scale", 0.01)
     return SimBackend(spec or small_cluster(), **opts)  # type: ignore[arg-type]
+
+
+def kube_pod(action_id: str, role: str = "main", index: int = 0, tenant: str = "t1") -> str:
+    """The name the Kubernetes backend gives a pod of ``tenant``'s action (``request``
+    makes tenant t1's); the simulated backend names pods for the action alone."""
+    return pod_name(action_id, role, index, tenant)
 
 
 def request(

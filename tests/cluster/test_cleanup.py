@@ -24,7 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from .fake_kube import FakeKube
-from .helpers import Recorder, attempt_env, request, small_cluster
+from .helpers import Recorder, attempt_env, kube_pod, request, small_cluster
 from .test_kubernetes import NS, RUNNING, SCHEDULED, backend, patch_pod
 
 
@@ -37,12 +37,14 @@ class FlakyDeletes(SimBackend):
         self.failures = failures
         self.delete_calls = 0
 
-    async def delete_pods(self, action_id: str, namespace: str = "default") -> int:
+    async def delete_pods(
+        self, action_id: str, namespace: str = "default", *, tenant: str = ""
+    ) -> int:
         self.delete_calls += 1
         if self.failures > 0:
             self.failures -= 1
             raise RuntimeError("503 Service Unavailable")
-        return await super().delete_pods(action_id, namespace)
+        return await super().delete_pods(action_id, namespace, tenant=tenant)
 
 
 def acts(b: ClusterBackend, rec: Recorder | None = None, attempts: int = 4) -> ClusterActivities:
@@ -178,7 +180,7 @@ async def test_kubernetes_cleanup_outlasts_a_failing_api_server(
             while not kube.live("pods"):
                 await asyncio.sleep(0.02)
         for patch in (SCHEDULED, RUNNING, {"status": {"phase": "Succeeded"}}):
-            await patch_pod(kube, "hw-k1-main-0", patch)
+            await patch_pod(kube, kube_pod("k1"), patch)
         kube.failing_deletes["pods"] = 2
         result = await asyncio.wait_for(task, 10)
         assert result.kind is K.SUCCEEDED
@@ -270,7 +272,7 @@ async def test_kubernetes_gc_trusts_only_exact_workflow_ids(
             cleaned = await collect_garbage(temporal_env.client, b)
             assert sorted(cleaned) == ["k-closed", "k-never"]
             left = sorted(p["metadata"]["name"] for p in kube.live("pods"))
-            assert left == ["hw-k-legacy-main-0", "hw-k-run-main-0"]
+            assert left == sorted([kube_pod("k-legacy"), kube_pod("k-run")])
         finally:
             await b.close()
         await temporal_env.client.get_workflow_handle(running).terminate()

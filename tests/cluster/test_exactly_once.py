@@ -26,7 +26,7 @@ from kubernetes import client as k8s
 from temporalio.activity import ActivityCancellationDetails
 
 from .fake_kube import FakeKube
-from .helpers import GI, Recorder, attempt_env, request, sim, small_cluster
+from .helpers import GI, Recorder, attempt_env, kube_pod, request, sim, small_cluster
 from .test_kubernetes import NS, RUNNING, SCHEDULED, add_node, backend, patch_pod
 
 #: The dispatch key of ``attempt_env(activity_id="1")``.
@@ -363,7 +363,7 @@ async def test_kubernetes_released_gang_missing_a_member_reports_it_lost(
         rec = Recorder()
         acts = ClusterActivities(b, signaler=rec, heartbeat_s=0.05)
         result = await asyncio.wait_for(attempt_env(2).run(acts.run_action, req), 10)
-        assert result.kind is POD_LOST and result.pod == "hw-half-worker-1"
+        assert result.kind is POD_LOST and result.pod == kube_pod("half", "worker", 1)
         assert "missing from a gang" in result.message
         assert pod_posts(kube) == posts
         assert kube.live("pods") == []
@@ -399,7 +399,7 @@ async def test_kubernetes_new_dispatch_replaces_a_stale_pod(
         # The old pod's Succeeded is not this dispatch's outcome: it waits for its own.
         await asyncio.sleep(0.2)
         assert not task.done()
-        await patch_pod(kube, "hw-stale-main-0", {"status": {"phase": "Succeeded"}})
+        await patch_pod(kube, kube_pod("stale"), {"status": {"phase": "Succeeded"}})
         result = await asyncio.wait_for(task, 5)
         assert result.kind is K.SUCCEEDED
     finally:
