@@ -135,6 +135,36 @@ def attempt_env(
 
 
 @contextlib.asynccontextmanager
+async def kube_cluster_worker(
+    client: Client,
+    kube_url: object,
+    cluster: str,
+    namespace: str,
+    tenants: list[str],
+    **worker_kw: Any,
+) -> AsyncIterator[KubernetesBackend]:
+    """A Kubernetes cluster worker alone (its own backend and API client) against the
+    fake API server at ``kube_url``, stopped on the way out: a worker that goes and
+    comes back while the control plane stays."""
+    cfg = k8s.Configuration()
+    cfg.host = str(kube_url).rstrip("/")
+    api = k8s.ApiClient(cfg)
+    backend = KubernetesBackend(
+        cluster, namespace=namespace, api_client=api, backoff_initial_s=0.05, backoff_max_s=0.2
+    )
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(
+        run_cluster_worker(client, cluster, backend, tenants=tenants, stop=stop, **worker_kw)
+    )
+    try:
+        yield backend
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 60)
+        api.close()
+
+
+@contextlib.asynccontextmanager
 async def kube_control_plane(
     client: Client,
     kube_url: object,
