@@ -310,12 +310,13 @@ class SimBackend:
 
         A pod of the same name that another dispatch created is stale (its dispatch is
         over): it is removed and this dispatch's pod created. With ``adopt_only``
-        nothing is created at all.
+        nothing is created at all. Pods are named for the tenant and the action
+        (``pod_name``); a dispatch whose pods a worker named before that keeps them.
         """
-        names = [pod_name(req.action_id, spec.role, spec.index) for spec in req.pods]
+        names = self._names(req, dispatch, adopt_only)
         if adopt_only:
             return names
-        target = self._fault_target(req)
+        target = self._fault_target(req, names)
         now = self.clock()
         record = self._record(req, dispatch, now) if dispatch else None
         for spec, name in zip(req.pods, names, strict=True):
@@ -347,6 +348,28 @@ class SimBackend:
         # caller can know of a pod, a restarted worker knows of it too.
         self._persist()
         return names
+
+    def _names(self, req: DispatchRequest, dispatch: str, adopt_only: bool) -> list[str]:
+        """The names of the action's pods: the tenant's, unless this dispatch's pods
+        exist under the names given before tenants were part of names (state an earlier
+        worker kept): those are adopted by them. Another dispatch's pod of such a name
+        is stale and is removed (not when only adopting: nothing changes then)."""
+        legacy = [pod_name(req.action_id, spec.role, spec.index) for spec in req.pods]
+        found = [
+            pod
+            for name in legacy
+            if (pod := self._pods.get(name)) is not None
+            and pod.action_id == req.action_id
+            and pod.tenant in ("", req.tenant)
+        ]
+        ours = [p for p in found if not dispatch or not p.dispatch or p.dispatch == dispatch]
+        if not adopt_only:
+            now = self.clock()
+            for stale in (p for p in found if p not in ours):
+                self._remove(stale, now)
+        if ours:
+            return legacy
+        return [pod_name(req.action_id, s.role, s.index, req.tenant) for s in req.pods]
 
     def _record(self, req: DispatchRequest, dispatch: str, now: float) -> _Record:
         record = self._records.get(dispatch)
@@ -568,7 +591,7 @@ class SimBackend:
         await asyncio.sleep(max(0.0, deadline - self.clock()))
 
     @staticmethod
-    def _fault_target(req: DispatchRequest) -> str | None:
+    def _fault_target(req: DispatchRequest, names: list[str]) -> str | None:
         if not req.inject or not req.pods:
             return None
         if req.inject.startswith(OOM_BELOW):
@@ -577,8 +600,7 @@ class SimBackend:
             raise ValueError(
                 f"inject: {req.inject!r} is not a fault (one of {', '.join(sorted(INJECTABLE_FAULTS))})"
             )
-        first = req.pods[0]
-        return pod_name(req.action_id, first.role, first.index)
+        return names[0]
 
     # --- events -------------------------------------------------------------------------
 
@@ -884,7 +906,11 @@ class SimBackend:
                 return
         else:
             gang = sorted(
-                (p for p in self._pods.values() if p.action_id == pod.action_id),
+                (
+                    p
+                    for p in self._pods.values()
+                    if (p.tenant, p.action_id) == (pod.tenant, pod.action_id)
+                ),
                 key=lambda p: p.spec.index,
             )
             env = {
@@ -896,7 +922,9 @@ class SimBackend:
                 "LOCAL_RANK": "0",
                 "WORLD_SIZE": str(len(gang)),
                 "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(master_port(pod.action_id)),
+                "MASTER_PORT": str(
+                    master_port(f"{pod.tenant}/{pod.action_id}" if pod.tenant else pod.action_id)
+                ),
             }
             done = await run_task_process(pod.spec.command, env, output, log_file)
         if done.ok:

@@ -43,9 +43,9 @@ def sim(spec: ClusterSpec | None = None, **opts: object) -> SimBackend:
     return SimBackend(spec or small_cluster(), **opts)  # type: ignore[arg-type]
 
 
-def kube_pod(action_id: str, role: str = "main", index: int = 0, tenant: str = "t1") -> str:
-    """The name the Kubernetes backend gives a pod of ``tenant``'s action (``request``
-    makes tenant t1's); the simulated backend names pods for the action alone."""
+def pod_of(action_id: str, role: str = "main", index: int = 0, tenant: str = "t1") -> str:
+    """The name a backend gives a pod of ``tenant``'s action (``request`` makes tenant
+    t1's)."""
     return pod_name(action_id, role, index, tenant)
 
 
