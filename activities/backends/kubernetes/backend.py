@@ -1,75 +1,35 @@
-"""The Kubernetes backend: pods and gangs through the official client, informers back.
-
-Everything here dials out to the kube API: pods are created with deterministic names (409
-Conflict means a predecessor created them: adopt), and three informers (list, then watch
-from the list's resourceVersion with bookmarks, relisting on 410 Gone and reconnecting
-with backoff) keep an in-memory picture of Headway's pods, every pod's requests and the
-nodes. Pod status changes become :class:`~headway.protocol.ActionEvent`s the moment the
-watch delivers them, so an OOM kill or a preemption is attributed to its action within
-seconds; the same picture yields the capacity report.
-
-The official client is synchronous: calls run in threads (``asyncio.to_thread``) and each
-informer owns a thread that hands what it sees to the event loop.
-
-Exactly once: every pod carries the dispatch that created it (``headway.io/dispatch``:
-the ``run_action`` activity, all of its attempts). A retried attempt asks the API server
-(a LIST, not the informer's picture) which of its dispatch's pods exist and creates
-nothing (``adopt_only``); what is missing was lost, and the activity reports it, but for
-a gang still held by its scheduling gate (``GANG_GATE``), which it completes. A pod
-of the same name left by an earlier dispatch of the action is deleted and created anew.
-Every pod carries the finalizer ``FINALIZER``, so the API server keeps it, marked for
-deletion, when someone else deletes it (a lost node's pod GC, a preemption, ``kubectl
-delete``) until Headway lifts the finalizer: only once the pod's outcome is recorded (the
-cleanup of an ended action, the garbage collection of a closed workflow). Without it a
-pod created by a worker killed before its first heartbeat, then deleted with its node
-before a retry, would leave no trace, and the retry would run the work a second time (the
-Job controller tracks its pods with a finalizer for the same reason). A pod marked for
-deletion has ended: ``PodLost`` (``NodeLost`` when its node is gone), unless it finished.
-The pod log (``HEADWAY_POD_LOG``, format in ``headway.activities.backends.base``) gets
-"creating" before this backend's POST of a pod (the intent: the call may not reach the
-API server), "created" when the POST created it, and "bound"/"ended" when the informer
-sees a pod take a node or stop holding it (finished, or deleted).
+"""The Kubernetes backend itself (see the package docstring): pods created and adopted
+by name, deleted with Headway's finalizer lifted, informer deliveries turned into
+events, and the capacity report.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import json
 import logging
 import os
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from headway.activities.arbiter import unusable_reason
 from headway.protocol import (
     TERMINAL_EVENTS,
     ActionEvent,
-    ActionEventKind,
     CapacityReport,
     DispatchRequest,
-    GangKind,
-    KubeOptions,
     NodeCapacity,
     PodSpec,
     action_workflow_id,
 )
-from headway.scheduler.resources import QuantityError, parse_cpu, parse_memory
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
-from .base import (
+from ..base import (
     ACTION_ANNOTATION,
     ACTION_LABEL,
-    DISPATCH_ANNOTATION,
-    ROLE_LABEL,
     TENANT_LABEL,
     WORKFLOW_ANNOTATION,
     ChangeSignal,
@@ -78,738 +38,42 @@ from .base import (
     PodLog,
     PodRecord,
     label_value,
-    pod_name,
     service_name,
 )
-from .sim_task import is_task_command
-
-__all__ = [
-    "DEFAULT_GPU_NODE_LABEL",
-    "GPU_RESOURCE",
-    "Informer",
-    "KubernetesBackend",
-    "build_pods",
-    "build_service",
-    "pod_requests",
-    "translate_pod",
-]
+from .capacity import node_capacity, requests_by_node
+from .informer import Informer
+from .pods import (
+    DEFAULT_GPU_NODE_LABEL,
+    FINALIZER,
+    build_pods,
+    build_service,
+    gpu_short_name,
+    needs_service,
+    pod_names,
+)
+from .status import (
+    _FINISHED_PHASES,
+    _IMAGE_PULL_FATAL,
+    _K,
+    _action_of,
+    _dispatch_of,
+    _image_pull_reason,
+    _key,
+    _owner_of,
+    _requests_spec,
+    _task_failure,
+    _tenant_of,
+    _uid,
+    task_output,
+    translate_pod,
+)
 
 log = logging.getLogger(__name__)
 
-GPU_RESOURCE = "nvidia.com/gpu"
-DEFAULT_GPU_NODE_LABEL = "nvidia.com/gpu.product"
-MASTER_PORT = 29500
-RAY_GCS_PORT = 6379
-SPARK_DRIVER_PORT = 7078
-
-_K = ActionEventKind
-_IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
-#: Image-pull states that never resolve by waiting: failed at once.
-_IMAGE_PULL_FATAL = frozenset({"InvalidImageName"})
-# DisruptionTarget reasons of an eviction (the kubelet under node pressure, the eviction
-# API in a drain), as opposed to a preemption for a higher-priority pod.
-_EVICTION_REASONS = frozenset({"EvictionByEvictionAPI", "TerminationByKubelet"})
-# DisruptionTarget reasons that mean the node went away rather than the pod being pushed
-# out for someone else.
-_NODE_GONE_REASONS = frozenset({"DeletionByPodGC", "DeletionByTaintManager"})
-_FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+_NOTHING = (0, 0, 0, 0)
 #: How long a pod this worker created counts as pending room before the informers show
 #: it (it normally shows within a second; one deleted unseen is forgotten after this).
 UNSEEN_TTL_S = 60.0
-
-
-# --- pod construction -------------------------------------------------------------------
-
-
-#: Keeps a Headway pod on the API server, marked for deletion, until its outcome is
-#: recorded: the pod is the record that its dispatch created it.
-FINALIZER = "headway.io/dispatch"
-
-
-def _resources(spec: PodSpec) -> dict[str, str]:
-    res: dict[str, str] = {}
-    if spec.cpu_m:
-        res["cpu"] = f"{spec.cpu_m}m"
-    if spec.memory:
-        res["memory"] = str(spec.memory)
-    if spec.ephemeral_storage:
-        res["ephemeral-storage"] = str(spec.ephemeral_storage)
-    if spec.gpu:
-        res[GPU_RESOURCE] = str(spec.gpu)
-    return res
-
-
-def owner(req: DispatchRequest, legacy: bool = False) -> str:
-    """The tenant that names the action's pods and Service ("" for the names a worker
-    gave them before tenants were part of names: ``legacy``)."""
-    return "" if legacy else req.tenant
-
-
-def pod_names(req: DispatchRequest, legacy: bool = False) -> list[str]:
-    """The names of the action's pods, in ``req.pods`` order (see ``legacy`` in
-    :func:`owner`)."""
-    return [pod_name(req.action_id, p.role, p.index, owner(req, legacy)) for p in req.pods]
-
-
-def _gang_env(
-    req: DispatchRequest, namespace: str, legacy: bool = False
-) -> dict[tuple[str, int], dict[str, str]]:
-    """Per-pod environment that lets a gang find itself (rendezvous addresses, ranks)."""
-    svc = service_name(req.action_id, owner(req, legacy))
-    names = {
-        (p.role, p.index): name for p, name in zip(req.pods, pod_names(req, legacy), strict=True)
-    }
-
-    def fqdn(role: str, index: int) -> str:
-        return f"{names[(role, index)]}.{svc}.{namespace}.svc"
-
-    env: dict[tuple[str, int], dict[str, str]] = {k: {} for k in names}
-    if req.kind is GangKind.REPLICAS:
-        ranked = sorted(req.pods, key=lambda p: (p.role, p.index))
-        master = fqdn(ranked[0].role, ranked[0].index)
-        for rank, p in enumerate(ranked):
-            env[(p.role, p.index)] = {
-                "MASTER_ADDR": master,
-                "MASTER_PORT": str(MASTER_PORT),
-                "WORLD_SIZE": str(len(ranked)),
-                "NNODES": str(len(ranked)),
-                "RANK": str(rank),
-                "NODE_RANK": str(rank),
-                "NPROC_PER_NODE": p.env.get("NPROC_PER_NODE", str(max(p.gpu, 1))),
-            }
-    elif req.kind is GangKind.RAY:
-        head = next((p for p in req.pods if p.role == "ray-head"), req.pods[0])
-        address = f"{fqdn(head.role, head.index)}:{RAY_GCS_PORT}"
-        for key in env:
-            env[key] = {"RAY_HEAD_ADDRESS": address}
-    elif req.kind is GangKind.SPARK:
-        driver = next((p for p in req.pods if p.role == "spark-driver"), req.pods[0])
-        host = fqdn(driver.role, driver.index)
-        for key in env:
-            env[key] = {
-                "SPARK_DRIVER_HOST": host,
-                "SPARK_DRIVER_PORT": str(SPARK_DRIVER_PORT),
-                "SPARK_DRIVER_URL": f"spark://{host}:{SPARK_DRIVER_PORT}",
-            }
-    return env
-
-
-def needs_service(req: DispatchRequest) -> bool:
-    """Whether the gang's pods must find each other by name."""
-    return req.kind is not GangKind.SINGLE and len(req.pods) > 0
-
-
-#: A gang's pods are created held by this scheduling gate and released together once every
-#: one exists. Until then none can run, so the retry of a worker killed halfway through
-#: creating a gang completes it (nothing of it ran) where it would otherwise report the
-#: missing members lost: a missing member of a released gang may have run, and is.
-GANG_GATE = "headway.io/gang-complete"
-
-
-#: Where an SDK task's pod writes its outcome document: the container's termination
-#: message, which the kubelet keeps in the pod's status for the backend to read.
-TERMINATION_LOG = "/dev/termination-log"
-#: The kubelet keeps at most this much of a container's termination message.
-TERMINATION_MESSAGE_MAX = 4096
-#: Node field the pods' required node affinity names (exact, unlike a hostname label).
-_NODE_NAME_FIELD = "metadata.name"
-
-
-def gpu_label_value(gpu_type: str, gpu_names: Mapping[str, str]) -> str:
-    """The node-label value a pod asking for ``gpu_type`` must find (``H100`` ->
-    ``NVIDIA-H100-80GB-HBM3`` by the worker's GPU name map; unmapped: itself)."""
-    return gpu_names.get(gpu_type, gpu_type)
-
-
-def gpu_short_name(label_value: str | None, gpu_names: Mapping[str, str]) -> str | None:
-    """The GPU type a node reports under: the short name whose map value is the node's
-    label value (``NVIDIA-H100-80GB-HBM3`` -> ``H100``), else the label value itself, so
-    the scheduler's ``H100:8`` matches. Call it wherever node capacity is read."""
-    if label_value is None:
-        return None
-    for short, value in gpu_names.items():
-        if value == label_value:
-            return short
-    return label_value
-
-
-def _apply_options(
-    pod: dict[str, Any], container: dict[str, Any], kube: KubeOptions | None
-) -> None:
-    """The action's own Kubernetes options onto its pod (Headway's labels and
-    annotations win: the submit validation refuses its ``headway.io/`` keys anyway)."""
-    if kube is None:
-        return
-    meta, spec = pod["metadata"], pod["spec"]
-    meta["labels"] = {**kube.labels, **meta["labels"]}
-    meta["annotations"] = {**kube.annotations, **meta["annotations"]}
-    if kube.args:
-        container["args"] = list(kube.args)
-    env: list[dict[str, Any]] = container["env"]
-    named = {e["name"] for e in env}
-    for ref in kube.env_from_secrets:
-        if ref.key is None:
-            container.setdefault("envFrom", []).append({"secretRef": {"name": ref.secret}})
-        elif ref.key not in named:
-            env.append(
-                {
-                    "name": ref.key,
-                    "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}},
-                }
-            )
-    if kube.tolerations:
-        spec["tolerations"] = [
-            {
-                k: v
-                for k, v in (
-                    ("key", t.key),
-                    ("operator", t.operator),
-                    ("value", t.value),
-                    ("effect", t.effect),
-                )
-                if v
-            }
-            for t in kube.tolerations
-        ]
-    if kube.node_selector:
-        spec["nodeSelector"] = {**kube.node_selector, **spec.get("nodeSelector", {})}
-    if kube.priority_class:
-        spec["priorityClassName"] = kube.priority_class
-    if kube.service_account:
-        spec["serviceAccountName"] = kube.service_account
-    volumes: list[dict[str, Any]] = []
-    mounts: list[dict[str, Any]] = []
-    for i, v in enumerate(kube.volumes):
-        name = f"vol-{i}"
-        sources: dict[str, dict[str, Any]] = {
-            "pvc": {"persistentVolumeClaim": {"claimName": v.source, "readOnly": v.read_only}},
-            "configmap": {"configMap": {"name": v.source}},
-            "secret": {"secret": {"secretName": v.source}},
-            "emptydir": {"emptyDir": {}},
-        }
-        source = sources[v.kind]
-        volumes.append({"name": name, **source})
-        mounts.append({"name": name, "mountPath": v.mount_path, "readOnly": v.read_only})
-    if kube.shm_size:
-        # Memory-backed, so it counts against the pod's memory limit, as on any pod.
-        volumes.append(
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(kube.shm_size)}}
-        )
-        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    if volumes:
-        spec["volumes"] = volumes
-        container["volumeMounts"] = mounts
-
-
-def _node_affinity(nodes: Sequence[str]) -> dict[str, Any]:
-    """Required node affinity to exactly ``nodes`` (by name)."""
-    term = {"matchFields": [{"key": _NODE_NAME_FIELD, "operator": "In", "values": list(nodes)}]}
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
-        }
-    }
-
-
-def build_pods(
-    req: DispatchRequest,
-    namespace: str,
-    gpu_node_label: str = DEFAULT_GPU_NODE_LABEL,
-    *,
-    dispatch: str = "",
-    gpu_names: Mapping[str, str] | None = None,
-    constrain: bool = True,
-    legacy: bool = False,
-) -> list[dict[str, Any]]:
-    """The Pod manifests of one action (plain dicts, as sent to the API server).
-
-    Requests equal limits (Guaranteed QoS: what admission counted is what the pod gets),
-    GPUs are ``nvidia.com/gpu`` and a GPU type becomes a node selector on
-    ``gpu_node_label`` (its value through ``gpu_names``, short name -> label value).
-    Every pod is constrained (required node affinity) to the nodes the admission chose
-    (``node_hints``), so the in-cluster scheduler binds a gang where the admission
-    counted it whole, and a single cannot take a gang's room (``constrain`` False: not,
-    for hints that name no node of the cluster). Annotations carry the
-    action id, its workflow id and the ``dispatch`` creating the pod, verbatim; the
-    action's own options (``req.kube``) add labels, annotations, env, volumes, ...
-    An SDK task's container writes its outcome to its termination message. Pods and
-    Service are named for the tenant and the action (``legacy``: for the action alone,
-    as before tenants were part of names, to complete a gang begun that way).
-    """
-    gang = _gang_env(req, namespace, legacy)
-    svc = service_name(req.action_id, owner(req, legacy)) if needs_service(req) else None
-    names_map = gpu_names or {}
-    kube = req.kube
-    hints = sorted(set(req.node_hints)) if constrain else []
-    out: list[dict[str, Any]] = []
-    for p, name in zip(req.pods, pod_names(req, legacy), strict=True):
-        env = {**(kube.env if kube else {}), **p.env, **gang[(p.role, p.index)]}
-        env.update(
-            {"HEADWAY_ACTION_ID": req.action_id, "HEADWAY_TENANT": req.tenant, "HEADWAY_POD": name}
-        )
-        task_pod = is_task_command(p.command)
-        if task_pod:
-            env["HEADWAY_OUTPUT_FILE"] = TERMINATION_LOG
-            env["HEADWAY_OUTPUT_MAX_BYTES"] = str(TERMINATION_MESSAGE_MAX)
-        resources = _resources(p)
-        container: dict[str, Any] = {
-            "name": "main",
-            "image": p.image,
-            "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
-            "resources": {"requests": resources, "limits": dict(resources)},
-        }
-        if p.command:
-            container["command"] = list(p.command)
-        if task_pod:
-            container["terminationMessagePath"] = TERMINATION_LOG
-            container["terminationMessagePolicy"] = "File"
-        spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
-        if svc is not None:
-            spec["hostname"] = name
-            spec["subdomain"] = svc
-        if p.gpu and p.gpu_type:
-            spec["nodeSelector"] = {gpu_node_label: gpu_label_value(p.gpu_type, names_map)}
-        if hints:
-            spec["affinity"] = _node_affinity(hints)
-        if len(req.pods) > 1:
-            spec["schedulingGates"] = [{"name": GANG_GATE}]
-        annotations = {ACTION_ANNOTATION: req.action_id, WORKFLOW_ANNOTATION: req.workflow_id}
-        if dispatch:
-            annotations[DISPATCH_ANNOTATION] = dispatch
-        pod: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "labels": {
-                    ACTION_LABEL: label_value(req.action_id),
-                    TENANT_LABEL: label_value(req.tenant),
-                    ROLE_LABEL: label_value(p.role),
-                },
-                "annotations": annotations,
-                "finalizers": [FINALIZER],
-            },
-            "spec": spec,
-        }
-        _apply_options(pod, container, kube)
-        out.append(pod)
-    return out
-
-
-def build_service(req: DispatchRequest, namespace: str, legacy: bool = False) -> dict[str, Any]:
-    """The headless Service behind the gang's pod DNS names (torchrun, Ray, Spark),
-    selecting the pods of this tenant's action only (``legacy``: as named and selecting
-    before tenants were part of names, for a gang begun that way)."""
-    selector = {ACTION_LABEL: label_value(req.action_id)}
-    if not legacy:
-        selector[TENANT_LABEL] = label_value(req.tenant)
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": service_name(req.action_id, owner(req, legacy)),
-            "namespace": namespace,
-            "labels": dict(selector),
-            "annotations": {ACTION_ANNOTATION: req.action_id},
-        },
-        "spec": {
-            "clusterIP": "None",
-            # Peers must resolve before they are Ready: the rendezvous is what makes
-            # them Ready.
-            "publishNotReadyAddresses": True,
-            "selector": selector,
-            "ports": [
-                {"name": "master", "port": MASTER_PORT},
-                {"name": "ray-gcs", "port": RAY_GCS_PORT},
-                {"name": "spark-driver", "port": SPARK_DRIVER_PORT},
-            ],
-        },
-    }
-
-
-# --- status translation -----------------------------------------------------------------
-
-
-def _conditions(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c.get("type", ""): c for c in (pod.get("status") or {}).get("conditions") or []}
-
-
-def translate_pod(
-    pod: dict[str, Any], *, node_gone: bool = False
-) -> tuple[ActionEventKind, int | None, str] | None:
-    """What a pod's status says happened to it: ``(kind, exit_code, message)``.
-
-    Args:
-        pod: The pod as the API serves it (a JSON dict).
-        node_gone: The node the pod was bound to no longer exists.
-
-    Returns:
-        The most telling event kind, or None when there is nothing to report yet.
-    """
-    status = pod.get("status") or {}
-    phase = status.get("phase", "")
-    reason = status.get("reason") or ""
-    conds = _conditions(pod)
-    statuses = list(status.get("initContainerStatuses") or []) + list(
-        status.get("containerStatuses") or []
-    )
-
-    # Container-level causes first: an OOM kill also shows up as phase Failed.
-    for cs in statuses:
-        state = cs.get("state") or {}
-        term = state.get("terminated") or {}
-        if term.get("reason") == "OOMKilled":
-            return _K.OOM_KILLED, term.get("exitCode", 137), f"container {cs.get('name')} OOMKilled"
-        waiting = state.get("waiting") or {}
-        if waiting.get("reason") in _IMAGE_PULL_REASONS:
-            image = cs.get("image") or _spec_image(pod, cs.get("name"))
-            detail = waiting.get("message") or waiting["reason"]
-            return (
-                _K.IMAGE_PULL_FAILED,
-                None,
-                f"image {image!r} could not be pulled: {waiting['reason']}: {detail}",
-            )
-
-    if reason == "Evicted":
-        return _K.EVICTED, None, status.get("message") or reason
-    disruption = conds.get("DisruptionTarget")
-    if disruption is not None and disruption.get("status") == "True":
-        message = disruption.get("message") or disruption.get("reason") or "disrupted"
-        if disruption.get("reason") in _NODE_GONE_REASONS:
-            return _K.NODE_LOST, None, message
-        if disruption.get("reason") in _EVICTION_REASONS:
-            return _K.EVICTED, None, message
-        return _K.PREEMPTED, None, message
-    if reason == "Preempting":
-        return _K.PREEMPTED, None, status.get("message") or reason
-    if reason == "NodeLost" or (node_gone and phase not in _FINISHED_PHASES):
-        return _K.NODE_LOST, None, status.get("message") or "node lost"
-
-    if phase == "Succeeded":
-        return _K.SUCCEEDED, 0, "Completed"
-    if _deleted_before_it_ended(pod):
-        if node_gone:
-            return _K.NODE_LOST, None, "node lost"
-        return _K.POD_LOST, None, "PodLost: the pod was deleted before it ended"
-    if phase == "Failed":
-        code: int | None = None
-        why = reason or "Failed"
-        for cs in statuses:
-            term = (cs.get("state") or {}).get("terminated") or {}
-            if term.get("exitCode"):
-                code = int(term["exitCode"])
-                why = term.get("reason") or why
-                break
-        return _K.FAILED, code, status.get("message") or why
-    if phase == "Running":
-        return _K.RUNNING, None, ""
-    scheduled = conds.get("PodScheduled")
-    if scheduled is not None:
-        if scheduled.get("status") == "True":
-            return _K.SCHEDULED, None, f"bound to {(pod.get('spec') or {}).get('nodeName', '')}"
-        if scheduled.get("reason") == "Unschedulable":
-            return _K.UNSCHEDULABLE, None, scheduled.get("message") or "Unschedulable"
-    return None
-
-
-def _spec_image(pod: dict[str, Any], container: str | None) -> str:
-    spec = pod.get("spec") or {}
-    for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
-        if c.get("name") == container:
-            return str(c.get("image") or "")
-    return ""
-
-
-def _image_pull_reason(pod: dict[str, Any]) -> str | None:
-    """The image-pull waiting reason of the pod's first container stuck on one."""
-    status = pod.get("status") or {}
-    for cs in list(status.get("initContainerStatuses") or []) + list(
-        status.get("containerStatuses") or []
-    ):
-        reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
-        if reason in _IMAGE_PULL_REASONS:
-            return str(reason)
-    return None
-
-
-def task_output(pod: dict[str, Any]) -> str | None:
-    """An SDK task pod's outcome document: its main container's termination message
-    (None for a pod that runs no SDK task, or wrote nothing)."""
-    spec = pod.get("spec") or {}
-    main = next((c for c in spec.get("containers") or [] if c.get("name") == "main"), None)
-    if main is None or main.get("terminationMessagePath") != TERMINATION_LOG:
-        return None
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if cs.get("name") == "main":
-            message = ((cs.get("state") or {}).get("terminated") or {}).get("message")
-            return str(message) if message else None
-    return None
-
-
-def _task_failure(document: str) -> str | None:
-    """``Type: message`` of a task's failure document (None: not one)."""
-    try:
-        doc = json.loads(document)
-    except ValueError:
-        return None
-    err = doc.get("error") if isinstance(doc, dict) else None
-    if not isinstance(err, dict):
-        return None
-    return f"{err.get('type', 'Error')}: {err.get('message', '')}".rstrip(": ")
-
-
-def _deleted_before_it_ended(pod: dict[str, Any]) -> bool:
-    """Marked for deletion while it ran (or was killed by the deletion): not finished,
-    or Failed with every container terminated at or after the deletion was asked for
-    (a Failed pod whose times are not all known keeps its own failure)."""
-    deleted = _time((pod.get("metadata") or {}).get("deletionTimestamp"))
-    if deleted is None:
-        return False
-    status = pod.get("status") or {}
-    if status.get("phase") != "Failed":
-        return True
-    finished = [
-        _time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
-        for cs in status.get("containerStatuses") or []
-    ]
-    known = [t for t in finished if t is not None]
-    return bool(finished) and len(known) == len(finished) and max(known) >= deleted
-
-
-def _time(value: Any) -> datetime.datetime | None:
-    """An RFC 3339 time as the API serves it; None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        t = datetime.datetime.fromisoformat(str(value))
-    except ValueError:
-        return None
-    return t if t.tzinfo is not None else t.replace(tzinfo=datetime.UTC)
-
-
-def _quantity(value: Any, parse: Callable[[Any, str], int], what: str) -> int:
-    try:
-        return parse(value, what)
-    except QuantityError:
-        return 0
-
-
-def pod_requests(pod: dict[str, Any]) -> tuple[int, int, int, int]:
-    """A pod's effective requests (cpu_m, memory, ephemeral, gpu), as the scheduler counts
-    them: the larger of the containers' sum and the largest init container, plus
-    overhead."""
-
-    def of(c: dict[str, Any]) -> tuple[int, int, int, int]:
-        r = (c.get("resources") or {}).get("requests") or {}
-        lim = (c.get("resources") or {}).get("limits") or {}
-        gpu = r.get(GPU_RESOURCE, lim.get(GPU_RESOURCE, 0))
-        return (
-            _quantity(r.get("cpu", 0), parse_cpu, "cpu"),
-            _quantity(r.get("memory", 0), parse_memory, "memory"),
-            _quantity(r.get("ephemeral-storage", 0), parse_memory, "ephemeral-storage"),
-            _quantity(gpu, parse_memory, GPU_RESOURCE),
-        )
-
-    spec = pod.get("spec") or {}
-    total = [0, 0, 0, 0]
-    for c in spec.get("containers") or []:
-        total = [a + b for a, b in zip(total, of(c), strict=True)]
-    for c in spec.get("initContainers") or []:
-        total = [max(a, b) for a, b in zip(total, of(c), strict=True)]
-    overhead = spec.get("overhead") or {}
-    total[0] += _quantity(overhead.get("cpu", 0), parse_cpu, "cpu")
-    total[1] += _quantity(overhead.get("memory", 0), parse_memory, "memory")
-    return total[0], total[1], total[2], total[3]
-
-
-def _action_of(pod: dict[str, Any]) -> str | None:
-    meta = pod.get("metadata") or {}
-    annotated = (meta.get("annotations") or {}).get(ACTION_ANNOTATION)
-    if annotated:
-        return str(annotated)
-    labelled = (meta.get("labels") or {}).get(ACTION_LABEL)
-    return str(labelled) if labelled else None
-
-
-def _tenant_of(pod: dict[str, Any]) -> str:
-    """The tenant label of a Headway pod (a tenant name is a valid label value as it
-    is); "" when it has none."""
-    return str(((pod.get("metadata") or {}).get("labels") or {}).get(TENANT_LABEL, ""))
-
-
-def _owner_of(pod: dict[str, Any]) -> tuple[str, str] | None:
-    """``(tenant, action id)`` of a Headway pod; None for any other pod."""
-    action = _action_of(pod)
-    return None if action is None else (_tenant_of(pod), action)
-
-
-def _dispatch_of(pod: dict[str, Any]) -> str:
-    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(DISPATCH_ANNOTATION, ""))
-
-
-def _requests_spec(pod: dict[str, Any]) -> PodSpec:
-    cpu, memory, eph, gpu = pod_requests(pod)
-    return PodSpec(role="", index=0, cpu_m=cpu, memory=memory, ephemeral_storage=eph, gpu=gpu)
-
-
-def _uid(obj: dict[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("uid") or "")
-
-
-def _key(obj: dict[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return meta.get("namespace") or "", meta.get("name") or ""
-
-
-def _socket_of(resp: Any) -> socket.socket | None:
-    """The socket a streaming response reads from.
-
-    Usually its connection's; but when the server said it will close the connection,
-    http.client hands the socket over to the response and the connection forgets it
-    (``sock`` is None), so it is found under the response's file object instead.
-    """
-    if resp is None:
-        return None
-    conn = getattr(resp, "connection", None) or getattr(resp, "_connection", None)
-    sock = getattr(conn, "sock", None)
-    if isinstance(sock, socket.socket):
-        return sock
-    fp = getattr(getattr(resp, "_fp", None), "fp", None)  # http.client.HTTPResponse.fp
-    raw = getattr(fp, "raw", None)  # socket.SocketIO
-    sock = getattr(raw, "_sock", None)
-    return sock if isinstance(sock, socket.socket) else None
-
-
-# --- informers --------------------------------------------------------------------------
-
-
-@dataclass
-class Informer:
-    """List-then-watch of one kind of object, in a thread, feeding the event loop.
-
-    ``list_fn`` is a ``CoreV1Api`` list method bound to its scope (namespace, selectors).
-    Every change is delivered as ``deliver(type, obj)`` on the loop, ``type`` one of
-    ADDED, MODIFIED, DELETED, or SYNC with ``obj={"items": [...]}`` after a (re)list.
-    """
-
-    name: str
-    list_fn: Callable[..., Any]
-    deliver: Callable[[str, dict[str, Any]], None]
-    on_error: Callable[[ApiException | Exception], None] = lambda exc: None
-    watch_timeout_s: int = 300
-    backoff_initial_s: float = 0.2
-    backoff_max_s: float = 30.0
-    request_timeout_s: float = 30.0
-    resource_version: str | None = None
-    relists: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _response: Any = None
-    _thread: threading.Thread | None = None
-
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start the informer's thread; deliveries go through ``loop``."""
-        self._loop = loop
-        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop watching; interrupts a blocked watch by shutting its socket down.
-
-        Closing the response from this thread would wait for the reader's buffer lock;
-        shutting the socket down makes the blocked read return at once instead.
-        """
-        self._stop.set()
-        sock = _socket_of(self._response)
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    async def join(self) -> None:
-        """Wait for the thread to end (after :meth:`stop`)."""
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 5.0)
-
-    def _emit(self, kind: str, obj: dict[str, Any]) -> None:
-        if not self._stop.is_set():
-            with contextlib.suppress(RuntimeError):  # loop already closed
-                self._loop.call_soon_threadsafe(self.deliver, kind, obj)
-
-    def _run(self) -> None:
-        backoff = self.backoff_initial_s
-        while not self._stop.is_set():
-            try:
-                if self.resource_version is None:
-                    self._list()
-                self._watch()
-                backoff = self.backoff_initial_s
-            except ApiException as exc:
-                if exc.status == 410:
-                    # Our resourceVersion was compacted away: start over from a list.
-                    self.resource_version = None
-                    continue
-                if self._stop.is_set():
-                    return
-                log.warning("informer %s: %s %s", self.name, exc.status, exc.reason)
-                self._emit_error(exc)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, self.backoff_max_s)
-            except Exception as exc:
-                if self._stop.is_set():
-                    return
-                log.warning("informer %s: %s", self.name, exc)
-                self._emit_error(exc)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, self.backoff_max_s)
-
-    def _emit_error(self, exc: ApiException | Exception) -> None:
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self.on_error, exc)
-
-    def _list(self) -> None:
-        resp = self.list_fn(_preload_content=False, _request_timeout=self.request_timeout_s)
-        body = json.loads(resp.data)
-        self.resource_version = (body.get("metadata") or {}).get("resourceVersion") or None
-        self.relists += 1
-        self._emit("SYNC", {"items": body.get("items") or []})
-
-    def _watch(self) -> None:
-        resp = self.list_fn(
-            watch=True,
-            resource_version=self.resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self.watch_timeout_s,
-            _preload_content=False,
-            # The server ends the watch after timeout_seconds; the read timeout is only a
-            # backstop against a silently dead connection.
-            _request_timeout=(self.request_timeout_s, self.watch_timeout_s + 30),
-        )
-        self._response = resp
-        try:
-            for line in iter_resp_lines(resp):  # type: ignore[no-untyped-call]
-                if self._stop.is_set():
-                    return
-                if not line:
-                    continue
-                event = json.loads(line)
-                kind = event.get("type")
-                obj = event.get("object") or {}
-                if kind == "ERROR":
-                    code = obj.get("code", 500)
-                    raise ApiException(status=code, reason=obj.get("reason") or obj.get("message"))
-                rv = (obj.get("metadata") or {}).get("resourceVersion")
-                if rv:
-                    self.resource_version = rv
-                if kind == "BOOKMARK":
-                    continue
-                self._emit(kind, obj)
-        finally:
-            self._response = None
-            with contextlib.suppress(Exception):
-                resp.release_conn()
-
-
-# --- the backend ------------------------------------------------------------------------
 
 
 class KubernetesBackend:
@@ -1642,36 +906,6 @@ class KubernetesBackend:
 
     # --- capacity -----------------------------------------------------------------------
 
-    def _node_capacity(
-        self,
-        node: dict[str, Any],
-        used: tuple[int, int, int, int],
-        tolerations: Sequence[Mapping[str, Any]] = (),
-    ) -> NodeCapacity:
-        alloc = (node.get("status") or {}).get("allocatable") or {}
-        labels = (node.get("metadata") or {}).get("labels") or {}
-        cpu = _quantity(alloc.get("cpu", 0), parse_cpu, "cpu")
-        memory = _quantity(alloc.get("memory", 0), parse_memory, "memory")
-        eph = _quantity(alloc.get("ephemeral-storage", 0), parse_memory, "ephemeral-storage")
-        gpu = _quantity(alloc.get(GPU_RESOURCE, 0), parse_memory, GPU_RESOURCE)
-        # A node that takes no new pod (cordoned, NotReady, or tainted against pods like
-        # Headway's) has nothing free: counting it would admit pods that stay Pending.
-        unusable = unusable_reason(node, tolerations)
-        usable = not unusable
-        return NodeCapacity(
-            name=(node.get("metadata") or {}).get("name", ""),
-            cpu_m=cpu,
-            memory=memory,
-            ephemeral_storage=eph,
-            gpu=gpu,
-            gpu_type=self.gpu_type_of(labels) if gpu else None,
-            free_cpu_m=max(cpu - used[0], 0) if usable else 0,
-            free_memory=max(memory - used[1], 0) if usable else 0,
-            free_ephemeral_storage=max(eph - used[2], 0) if usable else 0,
-            free_gpu=max(gpu - used[3], 0) if usable else 0,
-            unusable=unusable,
-        )
-
     def gpu_type_of(self, labels: Mapping[str, str]) -> str | None:
         """The GPU type a node with these labels reports (its short name by the
         worker's GPU name map, so the scheduler's ``H100:8`` matches)."""
@@ -1686,23 +920,10 @@ class KubernetesBackend:
         room first). None while nodes or pods cannot be read (capacity unknown)."""
         if not (self._nodes_known and self._all_pods_known):
             return None
-        used: dict[str, list[int]] = {}
-        pending: list[PodSpec] = []
         # The headway informer may be ahead of the all-pods one: count each pod once,
         # from the freshest copy.
         pods = {**self._all_pods, **self._pods}
-        for key, pod in pods.items():
-            node = (pod.get("spec") or {}).get("nodeName")
-            phase = (pod.get("status") or {}).get("phase")
-            if phase in _FINISHED_PHASES:
-                continue
-            if not node:
-                if key in self._pods:
-                    pending.append(_requests_spec(pod))
-                continue
-            u = used.setdefault(node, [0, 0, 0, 0])
-            for i, q in enumerate(pod_requests(pod)):
-                u[i] += q
+        used, pending = requests_by_node(pods, self._pods)
         horizon = self.clock() - UNSEEN_TTL_S
         for key, (at, spec) in list(self._unseen.items()):
             if key in pods or at < horizon:
@@ -1710,7 +931,7 @@ class KubernetesBackend:
             else:
                 pending.append(spec)
         nodes = [
-            self._node_capacity(n, tuple(used.get(name, [0, 0, 0, 0])), tolerations)  # type: ignore[arg-type]
+            node_capacity(n, used.get(name, _NOTHING), tolerations, self.gpu_type_of)
             for name, n in sorted(self._nodes.items())
         ]
         return nodes, pending
