@@ -41,10 +41,10 @@ from ..base import (
     service_name,
 )
 from .capacity import node_capacity, requests_by_node
+from .deletion import read_pod, remove_pod, wait_gone
 from .informer import Informer
 from .pods import (
     DEFAULT_GPU_NODE_LABEL,
-    FINALIZER,
     build_pods,
     build_service,
     gpu_short_name,
@@ -349,8 +349,8 @@ class KubernetesBackend:
                 self._stale_uids.add(_uid(stale))
                 self._last.pop((ns, name), None)
                 with contextlib.suppress(ApiException):
-                    await self._remove_pod(ns, stale)
-                await self._wait_gone(ns, name)
+                    await remove_pod(self.api, ns, stale)
+                await wait_gone(self.api, ns, name, self.stale_timeout_s)
         if ours:
             log.info(
                 "%s: adopting pods named before tenants were part of names: %s",
@@ -406,7 +406,7 @@ class KubernetesBackend:
                 if (ns, name) not in self._pods:
                     self._unseen[(ns, name)] = (self.clock(), spec)
                 return
-            existing = await self._read_pod(ns, name)
+            existing = await read_pod(self.api, ns, name)
             theirs = _dispatch_of(existing) if existing is not None else ""
             if existing is not None and not (dispatch and theirs and theirs != dispatch):
                 log.info("adopting existing Pod %s", name)
@@ -421,8 +421,8 @@ class KubernetesBackend:
                     "pod %s belongs to dispatch %s, not %s: replacing", name, theirs, dispatch
                 )
                 with contextlib.suppress(ApiException):
-                    await self._remove_pod(ns, existing)
-                await self._wait_gone(ns, name)
+                    await remove_pod(self.api, ns, existing)
+                await wait_gone(self.api, ns, name, self.stale_timeout_s)
         raise RuntimeError(f"pod {ns}/{name}: a stale pod of another dispatch keeps coming back")
 
     async def _release_gang(self, ns: str, names: Sequence[str]) -> None:
@@ -471,29 +471,6 @@ class KubernetesBackend:
                 await self._create_pod(ns, body, spec, dispatch)
         await self._release_gang(ns, names)
 
-    async def _read_pod(self, ns: str, name: str) -> dict[str, Any] | None:
-        try:
-            resp: Any = await asyncio.to_thread(
-                self.api.read_namespaced_pod, name, ns, _preload_content=False
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        pod: dict[str, Any] = json.loads(resp.data)
-        return pod
-
-    async def _wait_gone(self, ns: str, name: str) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.stale_timeout_s
-        while await self._read_pod(ns, name) is not None:
-            if loop.time() >= deadline:
-                raise TimeoutError(
-                    f"pod {ns}/{name} of an earlier dispatch still exists after"
-                    f" {self.stale_timeout_s:g} s"
-                )
-            await asyncio.sleep(0.1)
-
     @staticmethod
     async def _create(fn: Callable[[dict[str, Any]], Any], body: dict[str, Any]) -> None:
         try:
@@ -528,7 +505,7 @@ class KubernetesBackend:
             if subdomain:
                 services.add(str(subdomain))
             try:
-                await self._remove_pod(pod_ns, pod, grace_s=self.delete_grace_s)
+                await remove_pod(self.api, pod_ns, pod, grace_s=self.delete_grace_s)
                 deleted += 1
             except ApiException as exc:
                 if exc.status != 404:
@@ -543,48 +520,6 @@ class KubernetesBackend:
         if failure is not None:
             raise failure
         return deleted
-
-    async def _remove_pod(self, ns: str, pod: dict[str, Any], *, grace_s: int = 0) -> None:
-        """Delete the pod (SIGTERM, then ``grace_s`` seconds before SIGKILL; a stale pod
-        being replaced stops at once) and lift Headway's finalizer (it goes).
-
-        The deletion first: a kill between the two leaves the pod marked for deletion,
-        which the garbage collection finishes; never a running pod without its record.
-        """
-        name = pod["metadata"]["name"]
-        if not (pod.get("metadata") or {}).get("deletionTimestamp"):
-            try:
-                await asyncio.to_thread(
-                    self.api.delete_namespaced_pod, name, ns, grace_period_seconds=grace_s
-                )
-            except ApiException as exc:
-                if exc.status == 404:
-                    return
-                raise
-        for _ in range(3):
-            finalizers = list((pod.get("metadata") or {}).get("finalizers") or [])
-            if FINALIZER not in finalizers:
-                return
-            i = finalizers.index(FINALIZER)
-            # A JSON patch with a test: only Headway's own finalizer goes, whatever
-            # another controller added meanwhile (a failed test reads the pod again).
-            patch = [
-                {"op": "test", "path": f"/metadata/finalizers/{i}", "value": FINALIZER},
-                {"op": "remove", "path": f"/metadata/finalizers/{i}"},
-            ]
-            try:
-                await asyncio.to_thread(self.api.patch_namespaced_pod, name, ns, patch)
-                return
-            except ApiException as exc:
-                if exc.status == 404:
-                    return
-                if exc.status not in (409, 422, 500):
-                    raise
-            fresh = await self._read_pod(ns, name)
-            if fresh is None:
-                return
-            pod = fresh
-        raise RuntimeError(f"pod {ns}/{name}: its finalizer could not be lifted")
 
     async def _list_action_pods(
         self, action_id: str, ns: str | None, tenant: str = ""
