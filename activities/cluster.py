@@ -570,7 +570,9 @@ class ClusterActivities:
         delay, cap = self.delete_backoff_s
         for attempt in range(1, self.delete_attempts + 1):
             try:
-                return await self.backend.delete_pods(req.action_id, self._namespace(req))
+                return await self.backend.delete_pods(
+                    req.action_id, self._namespace(req), tenant=req.tenant
+                )
             except Exception as exc:
                 last = attempt == self.delete_attempts
                 log.warning(

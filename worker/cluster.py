@@ -291,12 +291,14 @@ async def collect_garbage(
         if not closed:
             continue
         try:
-            deleted = await backend.delete_pods(found.action_id, found.namespace)
+            deleted = await backend.delete_pods(
+                found.action_id, found.namespace, tenant=found.tenant
+            )
         except Exception as exc:
             # The next round tries again.
             log.warning("gc: deleting the pods of ended action %s failed: %s", found.action_id, exc)
             continue
-        backend.forget(found.action_id)
+        backend.forget(found.action_id, tenant=found.tenant)
         if deleted:
             log.info("gc: deleted %d pod(s) of ended action %s", deleted, found.action_id)
         cleaned.append(found.action_id)

@@ -46,6 +46,7 @@ __all__ = [
     "label_value",
     "pod_name",
     "sanitize_dns1123",
+    "service_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -100,13 +101,37 @@ def label_value(text: str) -> str:
     return f"{head}-{suffix}" if head else suffix
 
 
-def pod_name(action_id: str, role: str, index: int) -> str:
-    """The deterministic pod name ``hw-<action_id>-<role>-<index>``, DNS-1123 sanitized.
+def pod_name(action_id: str, role: str, index: int, tenant: str = "") -> str:
+    """The deterministic pod name of one pod of ``tenant``'s action, DNS-1123 sanitized.
 
     Deterministic names are what makes creation idempotent: a retried activity or a
     restarted worker asks for the same names and adopts what a predecessor created.
+    Action ids are a tenant's own, so the name carries the tenant:
+    ``hw-<tenant>-<action_id>-<role>-<index>-<digest>``, where the digest of the tenant
+    and the id apart tells ``a`` + ``b-c`` from ``a-b`` + ``c``; long names keep their
+    head and end in a digest of the whole (63 characters at most: the name is also the
+    pod's hostname, a DNS label). ``tenant`` empty: the name before tenants were part of
+    it, ``hw-<action_id>-<role>-<index>``, which a worker still adopts (a pod created
+    under it by a worker since upgraded keeps it).
     """
-    return sanitize_dns1123(f"hw-{action_id}-{role}-{index}")
+    if not tenant:
+        return sanitize_dns1123(f"hw-{action_id}-{role}-{index}")
+    return sanitize_dns1123(
+        f"hw-{tenant}-{action_id}-{role}-{index}-{_owner_digest(tenant, action_id)}"
+    )
+
+
+def service_name(action_id: str, tenant: str = "") -> str:
+    """The headless Service giving a gang's pods stable DNS names (``tenant`` as in
+    :func:`pod_name`; empty: the name before tenants were part of it)."""
+    if not tenant:
+        return sanitize_dns1123(f"hw-{action_id}")
+    return sanitize_dns1123(f"hw-{tenant}-{action_id}-{_owner_digest(tenant, action_id)}")
+
+
+def _owner_digest(tenant: str, action_id: str) -> str:
+    # (NUL cannot occur in either, so the pair is unambiguous.)
+    return _digest(f"{tenant}\0{action_id}")[:6]
 
 
 class ChangeSignal:
@@ -174,12 +199,15 @@ class PodRecord:
 class HeadwayPods:
     """One action that has Headway pods (or records) on the cluster, for garbage
     collection: whose workflow to ask, and where its pods live. ``exact`` is False when
-    the workflow id had to be derived (a sanitized label may name another workflow)."""
+    the workflow id had to be derived (a sanitized label may name another workflow).
+    ``tenant`` is the action's ("" not known): another tenant's action of the same id is
+    another action, with pods of its own."""
 
     action_id: str
     workflow_id: str
     namespace: str
     exact: bool = True
+    tenant: str = ""
 
 
 class PodLog:
@@ -405,12 +433,16 @@ class ClusterBackend(Protocol):
         """Every action with Headway pods (or records) on the cluster, for cleanup."""
         ...
 
-    def forget(self, action_id: str) -> None:
-        """Drop what the backend remembers of an ended action (after its pods are gone)."""
+    def forget(self, action_id: str, *, tenant: str = "") -> None:
+        """Drop what the backend remembers of ``tenant``'s ended action (every tenant's
+        of that id when empty), after its pods are gone."""
         ...
 
-    async def delete_pods(self, action_id: str, namespace: str = "default") -> int:
-        """Delete whatever is left of the action's pods; return how many were deleted."""
+    async def delete_pods(
+        self, action_id: str, namespace: str = "default", *, tenant: str = ""
+    ) -> int:
+        """Delete whatever is left of ``tenant``'s action's pods (every tenant's of that
+        id when empty); return how many were deleted."""
         ...
 
     def subscribe(self) -> contextlib.AbstractContextManager[asyncio.Queue[ActionEvent]]:

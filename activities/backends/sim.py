@@ -142,6 +142,7 @@ class _Record:
     namespace: str
     at: float
     pods: dict[str, PodRecord] = field(default_factory=dict)
+    tenant: str = ""  # "" in state written before tenants were kept
 
 
 def _fits(spec: PodSpec, node: _Node, free: Pod) -> bool:
@@ -309,12 +310,13 @@ class SimBackend:
 
         A pod of the same name that another dispatch created is stale (its dispatch is
         over): it is removed and this dispatch's pod created. With ``adopt_only``
-        nothing is created at all.
+        nothing is created at all. Pods are named for the tenant and the action
+        (``pod_name``); a dispatch whose pods a worker named before that keeps them.
         """
-        names = [pod_name(req.action_id, spec.role, spec.index) for spec in req.pods]
+        names = self._names(req, dispatch, adopt_only)
         if adopt_only:
             return names
-        target = self._fault_target(req)
+        target = self._fault_target(req, names)
         now = self.clock()
         record = self._record(req, dispatch, now) if dispatch else None
         for spec, name in zip(req.pods, names, strict=True):
@@ -347,16 +349,45 @@ class SimBackend:
         self._persist()
         return names
 
+    def _names(self, req: DispatchRequest, dispatch: str, adopt_only: bool) -> list[str]:
+        """The names of the action's pods: the tenant's, unless this dispatch's pods
+        exist under the names given before tenants were part of names (state an earlier
+        worker kept): those are adopted by them. Another dispatch's pod of such a name
+        is stale and is removed (not when only adopting: nothing changes then)."""
+        legacy = [pod_name(req.action_id, spec.role, spec.index) for spec in req.pods]
+        found = [
+            pod
+            for name in legacy
+            if (pod := self._pods.get(name)) is not None
+            and pod.action_id == req.action_id
+            and pod.tenant in ("", req.tenant)
+        ]
+        ours = [p for p in found if not dispatch or not p.dispatch or p.dispatch == dispatch]
+        if not adopt_only:
+            now = self.clock()
+            for stale in (p for p in found if p not in ours):
+                self._remove(stale, now)
+        if ours:
+            return legacy
+        return [pod_name(req.action_id, s.role, s.index, req.tenant) for s in req.pods]
+
     def _record(self, req: DispatchRequest, dispatch: str, now: float) -> _Record:
         record = self._records.get(dispatch)
         if record is None:
-            record = _Record(req.action_id, req.workflow_id, req.namespace, now)
+            record = _Record(req.action_id, req.workflow_id, req.namespace, now, tenant=req.tenant)
             self._records[dispatch] = record
         return record
 
-    async def delete_pods(self, action_id: str, namespace: str = "default") -> int:
-        """Delete the action's pods (running or not); idempotent."""
-        doomed = [p for p in self._pods.values() if p.action_id == action_id]
+    async def delete_pods(
+        self, action_id: str, namespace: str = "default", *, tenant: str = ""
+    ) -> int:
+        """Delete ``tenant``'s action's pods (running or not; any tenant's when empty,
+        and pods of state kept before tenants were); idempotent."""
+        doomed = [
+            p
+            for p in self._pods.values()
+            if p.action_id == action_id and (not tenant or p.tenant in ("", tenant))
+        ]
         now = self.clock()
         for pod in doomed:
             self._remove(pod, now)
@@ -398,16 +429,29 @@ class SimBackend:
 
     async def headway_pods(self) -> list[HeadwayPods]:
         """Every action with pods or a dispatch record here."""
-        found: dict[str, HeadwayPods] = {}
+        found: dict[tuple[str, str], HeadwayPods] = {}
         for p in self._pods.values():
-            found.setdefault(p.action_id, HeadwayPods(p.action_id, p.workflow_id, p.namespace))
+            found.setdefault(
+                (p.action_id, p.tenant),
+                HeadwayPods(p.action_id, p.workflow_id, p.namespace, tenant=p.tenant),
+            )
+        pods_of = {h.workflow_id for h in found.values()}
         for r in self._records.values():
-            found.setdefault(r.action_id, HeadwayPods(r.action_id, r.workflow_id, r.namespace))
-        return [found[a] for a in sorted(found)]
+            if r.workflow_id not in pods_of:
+                found.setdefault(
+                    (r.action_id, r.tenant),
+                    HeadwayPods(r.action_id, r.workflow_id, r.namespace, tenant=r.tenant),
+                )
+        return [found[k] for k in sorted(found)]
 
-    def forget(self, action_id: str) -> None:
-        """Drop the dispatch records of an ended action."""
-        for key in [k for k, r in self._records.items() if r.action_id == action_id]:
+    def forget(self, action_id: str, *, tenant: str = "") -> None:
+        """Drop the dispatch records of ``tenant``'s ended action (any tenant's when
+        empty, and records kept before tenants were)."""
+        for key in [
+            k
+            for k, r in self._records.items()
+            if r.action_id == action_id and (not tenant or r.tenant in ("", tenant))
+        ]:
             del self._records[key]
         self._persist()
 
@@ -547,7 +591,7 @@ class SimBackend:
         await asyncio.sleep(max(0.0, deadline - self.clock()))
 
     @staticmethod
-    def _fault_target(req: DispatchRequest) -> str | None:
+    def _fault_target(req: DispatchRequest, names: list[str]) -> str | None:
         if not req.inject or not req.pods:
             return None
         if req.inject.startswith(OOM_BELOW):
@@ -556,8 +600,7 @@ class SimBackend:
             raise ValueError(
                 f"inject: {req.inject!r} is not a fault (one of {', '.join(sorted(INJECTABLE_FAULTS))})"
             )
-        first = req.pods[0]
-        return pod_name(req.action_id, first.role, first.index)
+        return names[0]
 
     # --- events -------------------------------------------------------------------------
 
@@ -863,7 +906,11 @@ class SimBackend:
                 return
         else:
             gang = sorted(
-                (p for p in self._pods.values() if p.action_id == pod.action_id),
+                (
+                    p
+                    for p in self._pods.values()
+                    if (p.tenant, p.action_id) == (pod.tenant, pod.action_id)
+                ),
                 key=lambda p: p.spec.index,
             )
             env = {
@@ -875,7 +922,9 @@ class SimBackend:
                 "LOCAL_RANK": "0",
                 "WORLD_SIZE": str(len(gang)),
                 "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(master_port(pod.action_id)),
+                "MASTER_PORT": str(
+                    master_port(f"{pod.tenant}/{pod.action_id}" if pod.tenant else pod.action_id)
+                ),
             }
             done = await run_task_process(pod.spec.command, env, output, log_file)
         if done.ok:
@@ -962,6 +1011,7 @@ class SimBackend:
                     "action_id": r.action_id,
                     "workflow_id": r.workflow_id,
                     "namespace": r.namespace,
+                    "tenant": r.tenant,
                     "at": r.at,
                     "pods": {
                         name: {"node": pr.node, "outcome": str(pr.outcome) if pr.outcome else None}
@@ -1062,6 +1112,7 @@ class SimBackend:
                         )
                         for name, pr in (r.get("pods") or {}).items()
                     },
+                    tenant=str(r.get("tenant", "")),
                 )
             self._outbox = list(state.get("outbox") or [])
         except (ValueError, KeyError, TypeError) as exc:

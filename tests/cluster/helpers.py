@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from headway.activities.backends.base import pod_name
 from headway.activities.backends.kubernetes import KubernetesBackend
 from headway.activities.backends.sim import SimBackend
 from headway.protocol import ActionEvent, ActionEventKind, DispatchRequest, GangKind, PodSpec
@@ -40,6 +41,12 @@ def small_cluster(name: str = "c1", *, reports_capacity: bool = True) -> Cluster
 def sim(spec: ClusterSpec | None = None, **opts: object) -> SimBackend:
     opts.setdefault("time_scale", 0.01)
     return SimBackend(spec or small_cluster(), **opts)  # type: ignore[arg-type]
+
+
+def pod_of(action_id: str, role: str = "main", index: int = 0, tenant: str = "t1") -> str:
+    """The name a backend gives a pod of ``tenant``'s action (``request`` makes tenant
+    t1's)."""
+    return pod_name(action_id, role, index, tenant)
 
 
 def request(
@@ -125,6 +132,36 @@ def attempt_env(
     if beats is not None:
         env.on_heartbeat = lambda *d: beats.append(d[0] if d else None)
     return env
+
+
+@contextlib.asynccontextmanager
+async def kube_cluster_worker(
+    client: Client,
+    kube_url: object,
+    cluster: str,
+    namespace: str,
+    tenants: list[str],
+    **worker_kw: Any,
+) -> AsyncIterator[KubernetesBackend]:
+    """A Kubernetes cluster worker alone (its own backend and API client) against the
+    fake API server at ``kube_url``, stopped on the way out: a worker that goes and
+    comes back while the control plane stays."""
+    cfg = k8s.Configuration()
+    cfg.host = str(kube_url).rstrip("/")
+    api = k8s.ApiClient(cfg)
+    backend = KubernetesBackend(
+        cluster, namespace=namespace, api_client=api, backoff_initial_s=0.05, backoff_max_s=0.2
+    )
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(
+        run_cluster_worker(client, cluster, backend, tenants=tenants, stop=stop, **worker_kw)
+    )
+    try:
+        yield backend
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 60)
+        api.close()
 
 
 @contextlib.asynccontextmanager

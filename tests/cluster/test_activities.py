@@ -11,7 +11,7 @@ from headway.protocol import ActionEventKind as K
 from temporalio.activity import ActivityCancellationDetails
 from temporalio.testing import ActivityEnvironment
 
-from .helpers import GI, Recorder, request, sim
+from .helpers import GI, Recorder, pod_of, request, sim
 
 
 def env_with_heartbeats() -> tuple[ActivityEnvironment, list[object]]:
@@ -27,7 +27,7 @@ async def test_single_pod_signals_each_event_and_returns_terminal():
     acts = ClusterActivities(b, signaler=rec, heartbeat_s=0.01)
     env, beats = env_with_heartbeats()
     result = await env.run(acts.run_action, request("s1"))
-    assert result.kind is K.SUCCEEDED and result.pod == "hw-s1-main-0"
+    assert result.kind is K.SUCCEEDED and result.pod == pod_of("s1")
     assert rec.kinds() == [K.SCHEDULED, K.RUNNING, K.SUCCEEDED]
     assert {wf for wf, _ in rec.events} == {"wf-s1"}
     assert beats, "run_action must heartbeat while the pod lives"
@@ -63,7 +63,7 @@ async def test_gang_fails_at_first_failure_and_tears_down_the_rest():
         acts.run_action, request("r1", gang, kind=GangKind.RAY, duration_s=4, inject="oom")
     )
     assert result.kind is K.OOM_KILLED and result.exit_code == 137
-    assert result.pod == "hw-r1-ray-head-0"
+    assert result.pod == pod_of("r1", "ray-head", 0)
     assert b.pods("r1") == {}
     assert [k for k in rec.kinds() if k in TERMINAL_EVENTS] == [K.OOM_KILLED]
     await b.close()
@@ -96,7 +96,7 @@ async def test_retried_attempt_adopts_pods_and_creates_nothing_twice():
     env1.cancel(ActivityCancellationDetails(timed_out=True))
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert b.pods("a1") == {"hw-a1-main-0": running.node}
+    assert b.pods("a1") == {pod_of("a1"): running.node}
 
     # A restarted worker: a fresh activities object over the same cluster.
     rec2 = Recorder()
@@ -121,7 +121,7 @@ async def test_worker_shutdown_keeps_pods_for_the_successor():
     env.cancel(ActivityCancellationDetails(worker_shutdown=True))
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert list(b.pods("w1")) == ["hw-w1-main-0"]
+    assert list(b.pods("w1")) == [pod_of("w1")]
     await b.close()
 
 

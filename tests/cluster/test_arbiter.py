@@ -17,7 +17,7 @@ from kubernetes import client as k8s
 from temporalio.testing import ActivityEnvironment
 
 from .fake_kube import FakeKube
-from .helpers import GI, Recorder, request, sim
+from .helpers import GI, Recorder, pod_of, request, sim
 
 
 def node(name: str, cpu: int, free: int, gpu: int = 0, unusable: str = "") -> NodeCapacity:
@@ -186,7 +186,7 @@ async def test_without_handback_an_older_workflow_s_dispatch_is_created_as_befor
         if b.pods("old1"):
             break
         await asyncio.sleep(0.01)
-    assert b.pods("old1") == {"hw-old1-main-0": None}  # created, pending
+    assert b.pods("old1") == {pod_of("old1"): None}  # created, pending
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -24,7 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from .fake_kube import FakeKube
-from .helpers import Recorder, attempt_env, request, small_cluster
+from .helpers import Recorder, attempt_env, pod_of, request, small_cluster
 from .test_kubernetes import NS, RUNNING, SCHEDULED, backend, patch_pod
 
 
@@ -37,12 +37,14 @@ class FlakyDeletes(SimBackend):
         self.failures = failures
         self.delete_calls = 0
 
-    async def delete_pods(self, action_id: str, namespace: str = "default") -> int:
+    async def delete_pods(
+        self, action_id: str, namespace: str = "default", *, tenant: str = ""
+    ) -> int:
         self.delete_calls += 1
         if self.failures > 0:
             self.failures -= 1
             raise RuntimeError("503 Service Unavailable")
-        return await super().delete_pods(action_id, namespace)
+        return await super().delete_pods(action_id, namespace, tenant=tenant)
 
 
 def acts(b: ClusterBackend, rec: Recorder | None = None, attempts: int = 4) -> ClusterActivities:
@@ -69,7 +71,7 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
         # worker's garbage collection, loudly.
         (
             9,
-            {"hw-c1-main-0": "cpu-0"},
+            {pod_of("c1"): "cpu-0"},
             ["again in 0.01 s", "again in 0.02 s", "again in 0.02 s", "try 4 of 4"],
         ),
     ],
@@ -143,7 +145,7 @@ async def test_delete_action_retries_then_raises_for_temporal_to_retry() -> None
         with pytest.raises(RuntimeError, match="503"):
             await attempt_env().run(acts(b).delete_action, req)
         assert b.delete_calls == 3 + 4
-        assert list(b.pods("d1")) == ["hw-d1-main-0"], "still there: Temporal retries it"
+        assert list(b.pods("d1")) == [pod_of("d1")], "still there: Temporal retries it"
     finally:
         await b.close()
 
@@ -178,7 +180,7 @@ async def test_kubernetes_cleanup_outlasts_a_failing_api_server(
             while not kube.live("pods"):
                 await asyncio.sleep(0.02)
         for patch in (SCHEDULED, RUNNING, {"status": {"phase": "Succeeded"}}):
-            await patch_pod(kube, "hw-k1-main-0", patch)
+            await patch_pod(kube, pod_of("k1"), patch)
         kube.failing_deletes["pods"] = 2
         result = await asyncio.wait_for(task, 10)
         assert result.kind is K.SUCCEEDED
@@ -241,7 +243,7 @@ async def test_gc_deletes_the_pods_of_ended_actions_only(temporal_env: WorkflowE
                 await b.create_pods(for_workflow(action, wid), dispatch=f"{wid}/r/1")
             cleaned = await collect_garbage(temporal_env.client, b)
             assert sorted(cleaned) == ["a-closed", "a-never"]
-            assert list(b.pods()) == ["hw-a-run-main-0"], "a running action keeps its pods"
+            assert list(b.pods()) == [pod_of("a-run")], "a running action keeps its pods"
             # Its records are forgotten too; the running one's stay for its retries.
             assert [h.action_id for h in await b.headway_pods()] == ["a-run"]
         finally:
@@ -270,7 +272,7 @@ async def test_kubernetes_gc_trusts_only_exact_workflow_ids(
             cleaned = await collect_garbage(temporal_env.client, b)
             assert sorted(cleaned) == ["k-closed", "k-never"]
             left = sorted(p["metadata"]["name"] for p in kube.live("pods"))
-            assert left == ["hw-k-legacy-main-0", "hw-k-run-main-0"]
+            assert left == sorted([pod_of("k-legacy"), pod_of("k-run")])
         finally:
             await b.close()
         await temporal_env.client.get_workflow_handle(running).terminate()
@@ -302,9 +304,9 @@ async def test_a_starting_worker_collects_what_ended_while_it_was_down(
         )
         try:
             async with asyncio.timeout(15):
-                while "hw-s-closed-main-0" in after.pods():
+                while pod_of("s-closed") in after.pods():
                     await asyncio.sleep(0.05)
-            assert list(after.pods()) == ["hw-s-run-main-0"]
+            assert list(after.pods()) == [pod_of("s-run")]
         finally:
             stop.set()
             await asyncio.wait_for(worker, 15)

@@ -645,9 +645,9 @@ async def test_two_tenants_sharing_a_kubernetes_cluster_never_overcommit_a_node(
         handles = []
         for i in range(6):
             for t in tenants:
-                # Ids differ by tenant: pod names do not carry the tenant yet, so two
-                # tenants' actions of one id in one namespace would share pods.
-                handles.append(await hw.submit(client, submit_request(t, f"{t}-{i}", "2")))
+                # The same ids for both tenants: pod names carry the tenant, so each
+                # tenant's action of one id has pods of its own in the one namespace.
+                handles.append(await hw.submit(client, submit_request(t, f"job-{i}", "2")))
         results = await asyncio.wait_for(asyncio.gather(*(hw.wait_result(h) for h in handles)), 240)
         assert [r.state for r in results] == ["succeeded"] * 12, results
         assert peak == {"n1": 4000}, peak  # full, and never over

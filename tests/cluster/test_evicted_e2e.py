@@ -89,7 +89,7 @@ async def test_an_evicted_action_is_evicted_and_retried_as_lost(
 
         # No retries: the action ends Evicted, with the kubelet's message.
         once = await hw.submit(client, req("ev-1", "once"))
-        kube.modify("pods", NS, await running_pod(kube, "hw-ev-1-"), EVICTED)
+        kube.modify("pods", NS, await running_pod(kube, f"hw-{tenant}-ev-1-"), EVICTED)
         res = await asyncio.wait_for(hw.wait_result(once), 60)
         assert res.state == "failed" and "Evicted" in (res.reason or ""), res
         st = await hw.action_state(client, tenant, "ev-1")
@@ -98,8 +98,8 @@ async def test_an_evicted_action_is_evicted_and_retried_as_lost(
 
         # Retried as lost: requeued at once; the next attempt runs and succeeds.
         retried = await hw.submit(client, req("ev-2", "retried"))
-        kube.modify("pods", NS, await running_pod(kube, "hw-ev-2-"), EVICTED)
-        second = await running_pod(kube, "hw-ev-2-2-")
+        kube.modify("pods", NS, await running_pod(kube, f"hw-{tenant}-ev-2-"), EVICTED)
+        second = await running_pod(kube, f"hw-{tenant}-ev-2-2-")
         kube.modify("pods", NS, second, {"status": {"phase": "Succeeded"}})
         res = await asyncio.wait_for(hw.wait_result(retried), 60)
         assert res.state == "succeeded", res

@@ -26,7 +26,7 @@ from kubernetes import client as k8s
 from temporalio.activity import ActivityCancellationDetails
 
 from .fake_kube import FakeKube
-from .helpers import GI, Recorder, attempt_env, request, sim, small_cluster
+from .helpers import GI, Recorder, attempt_env, pod_of, request, sim, small_cluster
 from .test_kubernetes import NS, RUNNING, SCHEDULED, add_node, backend, patch_pod
 
 #: The dispatch key of ``attempt_env(activity_id="1")``.
@@ -62,9 +62,9 @@ async def run_until_running(
         # The cluster outlived its worker: the retry adopts the running pod.
         (True, small_cluster(), K.SUCCEEDED, "Completed"),
         # The cluster died with its worker: the pod is reported lost, not run again.
-        (False, small_cluster(), POD_LOST, "PodLost: pod hw-x1-main-0, created by an earlier"),
+        (False, small_cluster(), POD_LOST, f"PodLost: pod {pod_of('x1')}, created by an earlier"),
         # ...and its node is gone too.
-        (False, NO_CPU_NODES, K.NODE_LOST, "node cpu-0 is gone, and with it pod hw-x1-main-0"),
+        (False, NO_CPU_NODES, K.NODE_LOST, f"node cpu-0 is gone, and with it pod {pod_of('x1')}"),
         # The cluster outlived its worker, but not the pod's node.
         (True, NO_CPU_NODES, K.NODE_LOST, "node cpu-0 was lost"),
     ],
@@ -82,7 +82,7 @@ async def test_sim_retry_after_a_worker_death_never_creates_again(
     running = await run_until_running(
         ClusterActivities(first, signaler=rec1, heartbeat_s=0.05), rec1, req, beats
     )
-    assert beats[0]["created"] == ["hw-x1-main-0"], "the first heartbeat names the pods"
+    assert beats[0]["created"] == [pod_of("x1")], "the first heartbeat names the pods"
     created_before = first.created_count
     await first.close()  # the worker dies; with a state dir the cluster lives on
 
@@ -94,7 +94,7 @@ async def test_sim_retry_after_a_worker_death_never_creates_again(
         result = await asyncio.wait_for(attempt_env(2, [beats[-1]]).run(acts.run_action, req), 10)
         assert result.kind is kind, result
         assert result.message.startswith(message), result.message
-        assert (result.pod, result.node) == ("hw-x1-main-0", running.node)
+        assert (result.pod, result.node) == (pod_of("x1"), running.node)
         assert second.created_count == (created_before if keep_state else 0)
         assert K.SCHEDULED not in rec2.kinds(), "nothing was scheduled anew"
         assert rec2.kinds()[-1] is kind
@@ -164,7 +164,7 @@ async def test_a_new_dispatch_replaces_the_stale_pods_of_an_earlier_one():
         req = request("again", duration_s=1.0)
         keep = ClusterActivities(b, signaler=Recorder(), heartbeat_s=0.05, cleanup=False)
         first = await attempt_env(1, activity_id="1").run(keep.run_action, req)
-        assert first.kind is K.SUCCEEDED and list(b.pods("again")) == ["hw-again-main-0"]
+        assert first.kind is K.SUCCEEDED and list(b.pods("again")) == [pod_of("again")]
         rec = Recorder()
         acts = ClusterActivities(b, signaler=rec, heartbeat_s=0.05)
         second = await attempt_env(1, activity_id="2").run(acts.run_action, req)
@@ -363,7 +363,7 @@ async def test_kubernetes_released_gang_missing_a_member_reports_it_lost(
         rec = Recorder()
         acts = ClusterActivities(b, signaler=rec, heartbeat_s=0.05)
         result = await asyncio.wait_for(attempt_env(2).run(acts.run_action, req), 10)
-        assert result.kind is POD_LOST and result.pod == "hw-half-worker-1"
+        assert result.kind is POD_LOST and result.pod == pod_of("half", "worker", 1)
         assert "missing from a gang" in result.message
         assert pod_posts(kube) == posts
         assert kube.live("pods") == []
@@ -399,7 +399,7 @@ async def test_kubernetes_new_dispatch_replaces_a_stale_pod(
         # The old pod's Succeeded is not this dispatch's outcome: it waits for its own.
         await asyncio.sleep(0.2)
         assert not task.done()
-        await patch_pod(kube, "hw-stale-main-0", {"status": {"phase": "Succeeded"}})
+        await patch_pod(kube, pod_of("stale"), {"status": {"phase": "Succeeded"}})
         result = await asyncio.wait_for(task, 5)
         assert result.kind is K.SUCCEEDED
     finally:

@@ -143,7 +143,9 @@ async def test_the_burst_keeps_the_gang_whole_end_to_end(
 
         def bound(action: str) -> list[str]:
             return sorted(
-                node for pod, node in kube.bindings.items() if pod.startswith(f"hw-{action}-")
+                node
+                for pod, node in kube.bindings.items()
+                if pod.startswith(f"hw-{tenant}-{action}-")
             )
 
         try:

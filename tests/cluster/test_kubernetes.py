@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from headway.activities.backends.base import pod_name, service_name
 from headway.activities.backends.kubernetes import (
     KubernetesBackend,
     build_pods,
@@ -405,7 +406,9 @@ def test_pod_manifests_for_each_gang_kind():
     ]
     pods = build_pods(request("tr", replicas, kind=GangKind.REPLICAS), "ml", "gpu.example/product")
     env = [{e["name"]: e["value"] for e in p["spec"]["containers"][0]["env"]} for p in pods]
-    assert env[0]["MASTER_ADDR"] == "hw-tr-worker-0.hw-tr.ml.svc" == env[1]["MASTER_ADDR"]
+    # (request() is tenant t1's: its pods and Service are named for it.)
+    master = f"{pod_name('tr', 'worker', 0, 't1')}.{service_name('tr', 't1')}.ml.svc"
+    assert env[0]["MASTER_ADDR"] == master == env[1]["MASTER_ADDR"]
     assert (env[0]["RANK"], env[1]["RANK"]) == ("0", "1")
     assert env[0]["WORLD_SIZE"] == "2" and env[0]["NPROC_PER_NODE"] == "8"
     assert env[0]["MASTER_PORT"] == "29500"
@@ -420,19 +423,22 @@ def test_pod_manifests_for_each_gang_kind():
         }
     )
     assert pods[0]["spec"]["nodeSelector"] == {"gpu.example/product": "H100"}
-    assert pods[0]["spec"]["subdomain"] == "hw-tr" and pods[0]["spec"]["restartPolicy"] == "Never"
+    assert pods[0]["spec"]["subdomain"] == service_name("tr", "t1")
+    assert pods[0]["spec"]["restartPolicy"] == "Never"
     assert pod_requests(pods[0]) == (8000, 64 * GI, 0, 8)
 
     ray = [PodSpec(role="ray-head", index=0), PodSpec(role="ray-worker", index=0)]
     pods = build_pods(request("r", ray, kind=GangKind.RAY), "ml")
     for p in pods:
         env1 = {e["name"]: e["value"] for e in p["spec"]["containers"][0]["env"]}
-        assert env1["RAY_HEAD_ADDRESS"] == "hw-r-ray-head-0.hw-r.ml.svc:6379"
+        head = f"{pod_name('r', 'ray-head', 0, 't1')}.{service_name('r', 't1')}.ml.svc"
+        assert env1["RAY_HEAD_ADDRESS"] == f"{head}:6379"
 
     spark = [PodSpec(role="spark-driver", index=0), PodSpec(role="spark-executor", index=0)]
     pods = build_pods(request("s", spark, kind=GangKind.SPARK), "ml")
     env2 = {e["name"]: e["value"] for e in pods[1]["spec"]["containers"][0]["env"]}
-    assert env2["SPARK_DRIVER_HOST"] == "hw-s-spark-driver-0.hw-s.ml.svc"
+    driver = f"{pod_name('s', 'spark-driver', 0, 't1')}.{service_name('s', 't1')}.ml.svc"
+    assert env2["SPARK_DRIVER_HOST"] == driver
 
 
 def test_translate_pod_edge_cases():

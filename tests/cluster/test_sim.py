@@ -11,7 +11,7 @@ from headway.protocol import GangKind, PodSpec
 from headway.scheduler.model import ClusterSpec, NodeGroup
 from headway.scheduler.resources import Pod
 
-from .helpers import GI, collect_until_terminal, request, sim, small_cluster
+from .helpers import GI, collect_until_terminal, pod_of, request, sim, small_cluster
 
 
 def test_pod_names_are_dns1123_and_distinct():
@@ -30,11 +30,11 @@ async def test_single_pod_lifecycle_and_capacity():
     b = sim()
     with b.subscribe() as q:
         names = await b.create_pods(request("a1"))
-        assert names == ["hw-a1-main-0"]
+        assert names == [pod_of("a1")]
         cap = await b.capacity()
         assert cap.reflected_actions == ["a1"]
         # Best fit: the CPU-only pod goes to the first CPU node, not the GPU node.
-        node = b.pods("a1")["hw-a1-main-0"]
+        node = b.pods("a1")[pod_of("a1")]
         assert node == "cpu-0"
         by_name = {n.name: n for n in cap.nodes or []}
         assert by_name["cpu-0"].free_cpu_m == 3000
@@ -43,7 +43,7 @@ async def test_single_pod_lifecycle_and_capacity():
         assert by_name["gpu-0"].free_gpu == 8 and by_name["gpu-0"].gpu_type == "H100"
         events = await collect_until_terminal(q, "a1")
     assert [e.kind for e in events] == [K.SCHEDULED, K.RUNNING, K.SUCCEEDED]
-    assert all(e.pod == "hw-a1-main-0" and e.node == "cpu-0" and e.cluster == "c1" for e in events)
+    assert all(e.pod == pod_of("a1") and e.node == "cpu-0" and e.cluster == "c1" for e in events)
     cap = await b.capacity()
     assert cap.reflected_actions == []
     assert all(n.free_cpu_m == n.cpu_m for n in cap.nodes or [])
@@ -141,7 +141,7 @@ async def test_create_is_idempotent_and_gang_binds_every_pod():
     req = request("tr", gang, kind=GangKind.REPLICAS, duration_s=60)
     names = await b.create_pods(req)
     again = await b.create_pods(req)
-    assert names == again == [f"hw-tr-worker-{i}" for i in range(3)]
+    assert names == again == [pod_of("tr", "worker", i) for i in range(3)]
     assert len(b.pods("tr")) == 3
     cap = await b.capacity()
     used = sum(n.cpu_m - n.free_cpu_m for n in cap.nodes or [])
@@ -157,10 +157,10 @@ async def test_kill_node_and_preempt_methods():
     await b.create_pods(request("k1", three, duration_s=60))
     await b.create_pods(request("k2", three, duration_s=60))
     with b.subscribe() as q:
-        node = b.pods("k1")["hw-k1-main-0"]
+        node = b.pods("k1")[pod_of("k1")]
         assert node is not None
         lost = b.kill_node(node)
-        assert "hw-k1-main-0" in lost
+        assert pod_of("k1") in lost
         ev = await asyncio.wait_for(_next_of(q, "k1"), 2)
         assert ev.kind is K.NODE_LOST and ev.node == node
         cap = await b.capacity()

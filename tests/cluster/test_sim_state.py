@@ -18,7 +18,7 @@ from headway.activities.backends.sim import STATE_VERSION, SimBackend
 from headway.protocol import TERMINAL_EVENTS, ActionEvent, PodSpec
 from headway.protocol import ActionEventKind as K
 
-from .helpers import collect_until_terminal, request, sim
+from .helpers import collect_until_terminal, pod_of, request, sim
 
 
 async def started(state: Path, **opts: Any) -> SimBackend:
@@ -44,7 +44,7 @@ async def test_a_restarted_cluster_resumes_a_running_pod_where_wall_time_says(tm
 
     second = await started(tmp_path, time_scale=0.02)
     try:
-        assert second.pods("r1") == {"hw-r1-main-0": pod["node"]}
+        assert second.pods("r1") == {pod_of("r1"): pod["node"]}
         assert second.created_count == first.created_count == 1
         with second.subscribe() as q:
             events = await collect_until_terminal(q, "r1")
@@ -114,7 +114,7 @@ async def test_pending_pods_bind_after_a_restart_when_room_frees(tmp_path):
     await first.create_pods(request("b1", big, duration_s=5.0), dispatch="d1")
     await first.create_pods(request("b2", big, duration_s=5.0), dispatch="d2")
     await first.create_pods(request("b3", big, duration_s=5.0), dispatch="d3")
-    assert first.pods("b3") == {"hw-b3-main-0": None}
+    assert first.pods("b3") == {pod_of("b3"): None}
     await first.close()
     second = await started(tmp_path, time_scale=0.01)
     try:
@@ -177,7 +177,7 @@ async def test_forget_drops_the_records_of_an_ended_action(tmp_path):
         await b.delete_pods("f1")
         # Its pod is gone; what it was (where it ran, not ended) is remembered.
         assert await b.dispatch_record("f1", "d1") == {
-            "hw-f1-main-0": PodRecord("hw-f1-main-0", "cpu-0", None)
+            pod_of("f1"): PodRecord(pod_of("f1"), "cpu-0", None)
         }
         assert [h.action_id for h in await b.headway_pods()] == ["f1"]
         b.forget("f1")

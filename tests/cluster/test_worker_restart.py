@@ -48,7 +48,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from .fake_kube import FakeKube
-from .helpers import GI
+from .helpers import GI, pod_of
 from .test_kubernetes import NS, RUNNING, SCHEDULED, add_node, patch_pod
 from .test_worker import FakeScheduler
 
@@ -315,7 +315,7 @@ async def test_kubernetes_worker_restart_while_the_node_and_its_pod_disappear(
     handle = await client.start_workflow(
         RetriedAction.run, req, id=req.workflow_id, task_queue=QUEUE
     )
-    pod = f"hw-{action}-main-0"
+    pod = pod_of(action, tenant=req.tenant)
     async with asyncio.timeout(30):
         while not kube.live("pods"):
             await asyncio.sleep(0.05)
