@@ -437,9 +437,12 @@ def why(ctx: click.Context, action_id: str, tenant: str | None, output: str) -> 
     cfg = for_tenant(cfg, hw_tenant)
 
     async def go(client: Client) -> Any:
-        return await HeadwayClient(client, tenant=hw_tenant).why(action_id)
+        data = _plain(await HeadwayClient(client, tenant=hw_tenant).why(action_id))
+        if isinstance(data, dict) and data.get("state") is None and not data.get("reason"):
+            data = await _outside_the_window(client, hw_tenant, action_id, data)
+        return data
 
-    data = _plain(with_client(cfg, go))
+    data = with_client(cfg, go)
     if emit_structured(data, output):
         return
     if isinstance(data, dict):
@@ -454,3 +457,23 @@ def why(ctx: click.Context, action_id: str, tenant: str | None, output: str) -> 
                 click.echo(f"{key}: {value}")
     else:
         click.echo(str(data))
+
+
+async def _outside_the_window(
+    client: Client, tenant: str, action_id: str, data: dict[str, Any]
+) -> dict[str, Any]:
+    """``why`` of an action the scheduler does not hold: its own state and reason (ended,
+    rejected, ...), or an error when there is no such action (a typo'd id is not an
+    action with no reasons)."""
+    from headway.workflows import client as hw
+
+    try:
+        own = await hw.action_details(client, tenant, action_id)
+    except hw.ActionNotFoundError:
+        raise click.ClickException(
+            f"action {action_id!r} not found in tenant {tenant!r} (see `headway get actions`)"
+        ) from None
+    message = data["message"]
+    if own.result is not None:  # ended: how, in its own words when it has them
+        message = own.result.message or f"it ended {own.state}"
+    return {**data, "state": own.state, "reason": own.reason, "message": message}
