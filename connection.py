@@ -556,7 +556,7 @@ def _tls_mismatch(f: _Failure) -> str | None:
     address = f.opts.address
     if f.opts.uses_tls and f.says("invalidcontenttype", "corrupt message", "wrong version number"):
         return (
-            f"TLS to {address} failed: the server does not speak TLS there (drop --tls, "
+            f"TLS to {address} failed: the server does not speak TLS there ({_tls_off(f.opts)}, "
             "or point --address at its TLS port)"
         )
     if not f.opts.uses_tls and f.says(
@@ -571,6 +571,23 @@ def _tls_mismatch(f: _Failure) -> str | None:
             "require TLS? (--tls, --tls-ca-path)"
         )
     return None
+
+
+def _tls_off(opts: ConnectionOptions) -> str:
+    """How to turn TLS off: it was asked for, or implied by a setting that needs it."""
+    if opts.tls:
+        return "drop --tls"
+    implied = [
+        flag
+        for flag, value in (
+            ("--api-key", opts.api_key),
+            ("--tls-ca-path", opts.tls_ca_path),
+            ("--tls-cert-path", opts.tls_cert_path),
+            ("--tls-key-path", opts.tls_key_path),
+        )
+        if value
+    ]
+    return f"TLS is on because of {', '.join(implied)}: give --no-tls"
 
 
 def _unreachable(f: _Failure) -> str | None:

@@ -93,6 +93,12 @@ CASES = [
         id="tls-to-a-plain-server",
     ),
     pytest.param(
+        WITH_KEY,
+        _RPCError("received corrupt message of type InvalidContentType"),
+        "does not speak TLS there (TLS is on because of --api-key: give --no-tls",
+        id="tls-implied-by-an-api-key-to-a-plain-server-says-how-to-turn-it-off",
+    ),
+    pytest.param(
         PLAIN,
         _RPCError("h2 protocol error: connection reset"),
         "it closed the connection; does it require TLS?",
