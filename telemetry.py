@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -695,8 +696,10 @@ def setup(
     all_readers = list(readers)
     processors = list(span_processors)
     if exporter == "console":
-        all_readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter(), 10_000))
-        processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
+        all_readers.append(
+            PeriodicExportingMetricReader(ConsoleMetricExporter(out=sys.stderr), 10_000)
+        )
+        processors.append(BatchSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     elif exporter == "otlp":  # pragma: no cover - optional dependency
         try:
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # type: ignore[import-not-found]
@@ -742,7 +745,9 @@ def get() -> Telemetry:
             )
             exporter = (os.environ.get("HEADWAY_OTEL_EXPORTER") or "none").lower()
             if exporter == "console":
-                tracer_provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+                tracer_provider.add_span_processor(
+                    BatchSpanProcessor(ConsoleSpanExporter(out=sys.stderr))
+                )
             _current = Telemetry(MeterProvider(), tracer_provider)
         return _current
 
