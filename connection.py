@@ -32,7 +32,7 @@ import asyncio
 import dataclasses
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -437,41 +437,86 @@ def explain_failure(opts: ConnectionOptions, exc: BaseException) -> str:
         return str(exc)
     if isinstance(exc, TimeoutError):
         return f"cannot reach Temporal at {opts.address}: no answer"
-    text = " ".join(str(exc).split())
-    if opts.api_key:
-        text = text.replace(opts.api_key, "***")
-    low = text.lower()
-    status = getattr(exc, "status", None)
-    status_name = getattr(status, "name", "") or ""
-    where = f"Temporal at {opts.address}"
-    if (
-        status_name == "PERMISSION_DENIED"
-        or "permission denied" in low
-        or "permissiondenied" in low
-    ):
-        return (
-            f"{where} refused namespace {opts.namespace!r} to these credentials "
-            f"({_server_message(exc, text)}): the API key or certificate is not granted it"
-        )
-    if status_name == "UNAUTHENTICATED" or "unauthenticated" in low or "401 unauthorized" in low:
-        said = _server_message(exc, text)
-        if "certificate" in said.lower():
-            if opts.tls_cert_path:
-                return (
-                    f"{where} rejected the client certificate of --tls-cert-path "
-                    f"{opts.tls_cert_path} ({said})"
-                )
-            return (
-                f"{where} requires a client certificate ({said}): give --tls-cert-path and "
-                "--tls-key-path (env HEADWAY_TEMPORAL_TLS_CERT_PATH, _KEY_PATH)"
-            )
+    failure = _Failure.of(opts, exc)
+    # First match wins: credentials before TLS before the network, the most specific
+    # diagnosis first (a refused certificate also mentions "certificate").
+    for explain in _EXPLANATIONS:
+        line = explain(failure)
+        if line is not None:
+            return line
+    text = failure.text
+    if "tls" in failure.low or "ssl" in failure.low or "certificate" in failure.low:
+        return f"TLS to {opts.address} failed: {text[:160]}"
+    first = text or type(exc).__name__
+    return f"cannot reach Temporal at {opts.address} ({first[:160]})"
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """A failure to reach Temporal as the explanations below read it."""
+
+    opts: ConnectionOptions
+    exc: BaseException
+    #: The failure's text on one line, the API key masked.
+    text: str
+    #: ``text`` in lower case, for matching.
+    low: str
+    #: The gRPC status's name (``PERMISSION_DENIED``, ...), or "".
+    status_name: str
+
+    @classmethod
+    def of(cls, opts: ConnectionOptions, exc: BaseException) -> _Failure:
+        text = " ".join(str(exc).split())
         if opts.api_key:
-            return f"{where} rejected the API key of --api-key / HEADWAY_TEMPORAL_API_KEY ({said})"
+            text = text.replace(opts.api_key, "***")
+        status = getattr(exc, "status", None)
+        status_name = getattr(status, "name", "") or ""
+        return cls(opts, exc, text, text.lower(), status_name)
+
+    @property
+    def where(self) -> str:
+        return f"Temporal at {self.opts.address}"
+
+    def says(self, *needles: str) -> bool:
+        return any(n in self.low for n in needles)
+
+
+def _permission_denied(f: _Failure) -> str | None:
+    if f.status_name != "PERMISSION_DENIED" and not f.says("permission denied", "permissiondenied"):
+        return None
+    return (
+        f"{f.where} refused namespace {f.opts.namespace!r} to these credentials "
+        f"({_server_message(f.exc, f.text)}): the API key or certificate is not granted it"
+    )
+
+
+def _unauthenticated(f: _Failure) -> str | None:
+    if f.status_name != "UNAUTHENTICATED" and not f.says("unauthenticated", "401 unauthorized"):
+        return None
+    opts, where = f.opts, f.where
+    said = _server_message(f.exc, f.text)
+    if "certificate" in said.lower():
+        if opts.tls_cert_path:
+            return (
+                f"{where} rejected the client certificate of --tls-cert-path "
+                f"{opts.tls_cert_path} ({said})"
+            )
         return (
-            f"{where} requires credentials ({said}): give --api-key (env "
-            "HEADWAY_TEMPORAL_API_KEY) or a client certificate (--tls-cert-path, --tls-key-path)"
+            f"{where} requires a client certificate ({said}): give --tls-cert-path and "
+            "--tls-key-path (env HEADWAY_TEMPORAL_TLS_CERT_PATH, _KEY_PATH)"
         )
-    if ("unknownissuer" in low or "unknown issuer" in low) and not opts.tls_ca_path:
+    if opts.api_key:
+        return f"{where} rejected the API key of --api-key / HEADWAY_TEMPORAL_API_KEY ({said})"
+    return (
+        f"{where} requires credentials ({said}): give --api-key (env "
+        "HEADWAY_TEMPORAL_API_KEY) or a client certificate (--tls-cert-path, --tls-key-path)"
+    )
+
+
+def _server_certificate(f: _Failure) -> str | None:
+    """The server's certificate is not trusted, or does not name the host."""
+    opts = f.opts
+    if f.says("unknownissuer", "unknown issuer") and not opts.tls_ca_path:
         return (
             f"TLS to {opts.address}: the server's certificate is not signed by a CA this "
             "host trusts: give its CA with --tls-ca-path (env HEADWAY_TEMPORAL_TLS_CA_PATH)"
@@ -484,45 +529,68 @@ def explain_failure(opts: ConnectionOptions, exc: BaseException) -> str:
         ("not valid for name", "does not name this host: set --tls-server-name"),
         ("certificate is not valid", "is not valid for this host: set --tls-server-name"),
     ):
-        if needle in low:
+        if needle in f.low:
             return f"TLS to {opts.address}: the server's certificate {gist}"
-    if any(
-        n in low
-        for n in (
-            "certificate required",
-            "certificaterequired",
-            "handshake failure",
-            "bad certificate",
-            "badcertificate",
-            "no required ssl certificate",
-            "400 bad request",
-        )
+    return None
+
+
+def _client_certificate(f: _Failure) -> str | None:
+    if not f.says(
+        "certificate required",
+        "certificaterequired",
+        "handshake failure",
+        "bad certificate",
+        "badcertificate",
+        "no required ssl certificate",
+        "400 bad request",
     ):
+        return None
+    return (
+        f"TLS to {f.opts.address}: the server did not accept the client certificate "
+        "(give a valid --tls-cert-path and --tls-key-path)"
+    )
+
+
+def _tls_mismatch(f: _Failure) -> str | None:
+    """TLS on one side only: spoken to a plain server, or left off for a TLS one."""
+    address = f.opts.address
+    if f.opts.uses_tls and f.says("invalidcontenttype", "corrupt message", "wrong version number"):
         return (
-            f"TLS to {opts.address}: the server did not accept the client certificate "
-            "(give a valid --tls-cert-path and --tls-key-path)"
-        )
-    if opts.uses_tls and any(
-        n in low for n in ("invalidcontenttype", "corrupt message", "wrong version number")
-    ):
-        return (
-            f"TLS to {opts.address} failed: the server does not speak TLS there (drop --tls, "
+            f"TLS to {address} failed: the server does not speak TLS there ({_tls_off(f.opts)}, "
             "or point --address at its TLS port)"
         )
-    if not opts.uses_tls and any(
-        n in low
-        for n in (
-            "connection reset",
-            "broken pipe",
-            "h2 protocol",
-            "frame with invalid size",
-            "operation was canceled",
-        )
+    if not f.opts.uses_tls and f.says(
+        "connection reset",
+        "broken pipe",
+        "h2 protocol",
+        "frame with invalid size",
+        "operation was canceled",
     ):
         return (
-            f"cannot talk to Temporal at {opts.address}: it closed the connection; does it "
+            f"cannot talk to Temporal at {address}: it closed the connection; does it "
             "require TLS? (--tls, --tls-ca-path)"
         )
+    return None
+
+
+def _tls_off(opts: ConnectionOptions) -> str:
+    """How to turn TLS off: it was asked for, or implied by a setting that needs it."""
+    if opts.tls:
+        return "drop --tls"
+    implied = [
+        flag
+        for flag, value in (
+            ("--api-key", opts.api_key),
+            ("--tls-ca-path", opts.tls_ca_path),
+            ("--tls-cert-path", opts.tls_cert_path),
+            ("--tls-key-path", opts.tls_key_path),
+        )
+        if value
+    ]
+    return f"TLS is on because of {', '.join(implied)}: give --no-tls"
+
+
+def _unreachable(f: _Failure) -> str | None:
     for needle, gist in (
         ("connection refused", "connection refused"),
         ("dns error", "unknown host"),
@@ -532,17 +600,29 @@ def explain_failure(opts: ConnectionOptions, exc: BaseException) -> str:
         ("invalid uri", "not a host:port address"),
         ("invalid authority", "not a host:port address"),
     ):
-        if needle in low:
-            return f"cannot reach Temporal at {opts.address} ({gist})"
-    if "namespace" in low and ("not found" in low or status_name == "NOT_FOUND"):
-        return (
-            f"namespace {opts.namespace!r} does not exist on Temporal at {opts.address} "
-            "(--namespace, or the tenant's entry in tenant-namespaces)"
-        )
-    if "tls" in low or "ssl" in low or "certificate" in low:
-        return f"TLS to {opts.address} failed: {text[:160]}"
-    first = text or type(exc).__name__
-    return f"cannot reach Temporal at {opts.address} ({first[:160]})"
+        if needle in f.low:
+            return f"cannot reach Temporal at {f.opts.address} ({gist})"
+    return None
+
+
+def _missing_namespace(f: _Failure) -> str | None:
+    if "namespace" not in f.low or not ("not found" in f.low or f.status_name == "NOT_FOUND"):
+        return None
+    return (
+        f"namespace {f.opts.namespace!r} does not exist on Temporal at {f.opts.address} "
+        "(--namespace, or the tenant's entry in tenant-namespaces)"
+    )
+
+
+_EXPLANATIONS: tuple[Callable[[_Failure], str | None], ...] = (
+    _permission_denied,
+    _unauthenticated,
+    _server_certificate,
+    _client_certificate,
+    _tls_mismatch,
+    _unreachable,
+    _missing_namespace,
+)
 
 
 def _server_message(exc: BaseException, text: str) -> str:

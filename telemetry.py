@@ -35,13 +35,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
@@ -105,6 +106,23 @@ class Telemetry:
         self.metrics_address: str | None = None
         self._server: Any = None
         m = provider.get_meter("headway")
+        self._create_decision_instruments(m)
+        self._create_attempt_instruments(m)
+        self._stats: dict[str, dict[str, dict[str, Any]]] = {}
+        self._fleet: dict[str, dict[str, Any]] = {}
+        self._blocked_since: dict[tuple[str, str, str], float] = {}
+        # Unknown-capacity admissions per (tenant, cluster): the scheduler's count, and
+        # what this process has seen of it across scheduler restarts (a count that went
+        # down started again from 0).
+        self._unknown_seen: dict[tuple[str, str], int] = {}
+        self._unknown_total: dict[tuple[str, str], int] = {}
+        self._unknown_warned: dict[tuple[str, str], float] = {}
+        self._register_queue_gauges(m)
+        self._register_cluster_gauges(m)
+
+    def _create_decision_instruments(self, m: Meter) -> None:
+        """Counted by the action workflow as it hears its admission or rejection, and
+        by the control plane as a forecast start comes true."""
         self.admissions = m.create_counter(
             "headway.admissions", unit="{action}", description="Actions admitted"
         )
@@ -122,6 +140,17 @@ class Telemetry:
         self.rejections = m.create_counter(
             "headway.rejections", unit="{action}", description="Actions rejected, by reason"
         )
+        self.eta_error = m.create_histogram(
+            "headway.start_estimate.error",
+            unit="s",
+            description="How far an action's forecast start (made when the control plane"
+            " first saw it waiting) was from its actual start",
+            explicit_bucket_boundaries_advisory=ETA_BUCKETS,
+        )
+
+    def _create_attempt_instruments(self, m: Meter) -> None:
+        """Counted per attempt: pod events and retries by the cluster worker, hand-backs,
+        ready timeouts and requeues."""
         self.events = m.create_counter(
             "headway.action.events", unit="{event}", description="Informer events per kind"
         )
@@ -155,22 +184,9 @@ class Telemetry:
             description="Attempts retried by the queue's retry policy, by failure class"
             " (oom, lost, failed, not_ready; a hand-back is counted in handbacks)",
         )
-        self.eta_error = m.create_histogram(
-            "headway.start_estimate.error",
-            unit="s",
-            description="How far an action's forecast start (made when the control plane"
-            " first saw it waiting) was from its actual start",
-            explicit_bucket_boundaries_advisory=ETA_BUCKETS,
-        )
-        self._stats: dict[str, dict[str, dict[str, Any]]] = {}
-        self._fleet: dict[str, dict[str, Any]] = {}
-        self._blocked_since: dict[tuple[str, str, str], float] = {}
-        # Unknown-capacity admissions per (tenant, cluster): the scheduler's count, and
-        # what this process has seen of it across scheduler restarts (a count that went
-        # down started again from 0).
-        self._unknown_seen: dict[tuple[str, str], int] = {}
-        self._unknown_total: dict[tuple[str, str], int] = {}
-        self._unknown_warned: dict[tuple[str, str], float] = {}
+
+    def _register_queue_gauges(self, m: Meter) -> None:
+        """The per-queue gauges, read from the last poll of the schedulers' queries."""
         m.create_observable_gauge("headway.queue.waiting", [self._observe_waiting], unit="{action}")
         m.create_observable_gauge("headway.queue.running", [self._observe_running], unit="{action}")
         m.create_observable_gauge(
@@ -204,6 +220,9 @@ class Telemetry:
             unit="{pod}",
             description="Pods of a gang blocking the head of its queue (absent: none)",
         )
+
+    def _register_cluster_gauges(self, m: Meter) -> None:
+        """The per-cluster gauges and the unknown-capacity admissions counter."""
         m.create_observable_gauge("headway.cluster.free", [self._observe_free])
         m.create_observable_gauge(
             "headway.cluster.unknown_capacity",
@@ -703,8 +722,10 @@ def setup(
     all_readers = list(readers)
     processors = list(span_processors)
     if exporter == "console":
-        all_readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter(), 10_000))
-        processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
+        all_readers.append(
+            PeriodicExportingMetricReader(ConsoleMetricExporter(out=sys.stderr), 10_000)
+        )
+        processors.append(BatchSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     elif exporter == "otlp":  # pragma: no cover - optional dependency
         try:
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # type: ignore[import-not-found]
@@ -750,7 +771,9 @@ def get() -> Telemetry:
             )
             exporter = (os.environ.get("HEADWAY_OTEL_EXPORTER") or "none").lower()
             if exporter == "console":
-                tracer_provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+                tracer_provider.add_span_processor(
+                    BatchSpanProcessor(ConsoleSpanExporter(out=sys.stderr))
+                )
             _current = Telemetry(MeterProvider(), tracer_provider)
         return _current
 

@@ -360,7 +360,8 @@ def fleet_cluster(fleet: Fleet, name: str) -> ClusterSpec:
     for c in fleet.clusters:
         if c.name == name:
             return c
-    raise click.ClickException(
+    # A bad value of a flag: exit 2, as every other (README, exit codes).
+    raise click.BadParameter(
         f"--name: {name!r} is not a cluster of the fleet (one of {', '.join(cluster_names(fleet))})"
     )
 

@@ -268,7 +268,8 @@ _BYTES = ("memory", "ephemeral_storage", "eph")
 
 def human_details(value: Any) -> Any:
     """A reason's details with quantities in Kubernetes units (``64Gi``, ``500m``) instead
-    of bytes and millicores, for text output (json and yaml keep the numbers)."""
+    of bytes and millicores, and times as UTC ISO-8601, for text output (json and yaml
+    keep the numbers)."""
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for k, v in value.items():
@@ -276,6 +277,8 @@ def human_details(value: Any) -> Any:
                 out["cpu"] = fmt_cpu(int(v))
             elif k in _BYTES and isinstance(v, int) and not isinstance(v, bool):
                 out[k] = fmt_memory(v)
+            elif k == "fits_at" and isinstance(v, int | float) and not isinstance(v, bool):
+                out[k] = iso(v)  # a unix time (insight's fit forecast): a wall clock time
             else:
                 out[k] = human_details(v)
         return out

@@ -74,6 +74,17 @@ def _not_found(cfg: Settings, action_id: str) -> click.ClickException:
     )
 
 
+async def _check_queue_exists(client: Client, cfg: Settings, queue: str) -> None:
+    """Nothing listed for ``--queue``: a typo'd queue is an error, not an empty list (a
+    deleted queue's actions are still listed: asked only when none is)."""
+    from .queues import fetch_queues
+
+    queues = await fetch_queues(client, cfg.tenant)
+    if queue not in queues:
+        known = ", ".join(sorted(queues)) or "none"
+        raise click.ClickException(f"--queue: queue {queue!r} does not exist (queues: {known})")
+
+
 # --- get actions ----------------------------------------------------------------------------
 
 
@@ -121,6 +132,8 @@ def get_actions(
         rows = await hw.list_actions(
             client, cfg.tenant, queue=queue, state=state, run=run, limit=limit or None
         )
+        if not rows and queue is not None:
+            await _check_queue_exists(client, cfg, queue)
         if any(r.state in ("submitting", "waiting") for r in rows):
             # Visibility says only "Waiting" until an admission: the reason of each
             # waiting action comes from the scheduler's state (one query for them all).

@@ -179,21 +179,31 @@ def demo(
 async def _scenario(
     stack: Stack, namespace: str, tenant: str, console: Console, timeout_s: float
 ) -> bool:
-    from headway.workflows import client as hw_client
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
     # The demo's own local server: plain, whatever the shell's connection settings say.
     hw = await HeadwayClient.connect(
         tenant=tenant,
         ui_url=stack.ui_url,
         connection=ConnectionOptions(stack.address, namespace),
     )
+    await _create_queues(hw, console)
+    actions = await _submit_workload(hw, console)
+    results = await _follow(stack, hw, actions, console, timeout_s)
+    if results is None:
+        return False
+    return await _summarize(hw, actions, results, console)
+
+
+async def _create_queues(hw: HeadwayClient, console: Console) -> None:
+    from headway.workflows import client as hw_client
+
     for entry in QUEUES:
         spec = queue_from_entry(entry)
-        await hw_client.upsert_queue(hw.temporal, tenant, spec.to_dict())
+        await hw_client.upsert_queue(hw.temporal, hw.tenant, spec.to_dict())
         console.print(f"Created queue [bold]{spec.name}[/]: {_policy(entry)}")
 
+
+async def _submit_workload(hw: HeadwayClient, console: Console) -> list[Action]:
+    """Submit the demo's workload as one run, and print each action's Web UI link."""
     run = hw.with_runcontext(run=f"demo-{int(time.time())}")
     actions: list[Action] = []
     for batch in WORKLOAD:
@@ -208,6 +218,16 @@ async def _scenario(
             soft_wrap=True,
             markup=False,
         )
+    return actions
+
+
+async def _follow(
+    stack: Stack, hw: HeadwayClient, actions: list[Action], console: Console, timeout_s: float
+) -> dict[str, Any] | None:
+    """Each action's result, with a progress bar per queue meanwhile; None when a
+    process of the stack died or the workload did not finish in ``timeout_s``."""
+    from headway.workflows import client as hw_client
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     queues = [q["name"] for q in QUEUES]
     totals = {q: sum(1 for a in actions if a.queue == q) for q in queues}
@@ -231,11 +251,11 @@ async def _scenario(
             dead = stack.failed()
             if dead is not None:
                 console.print(f"[red]{dead.name} exited[/]; its log ends with:\n{dead.tail()}")
-                return False
+                return None
             if asyncio.get_running_loop().time() > deadline:
                 console.print(f"[red]not finished after {timeout_s:.0f}s[/]")
-                return False
-            stats = await hw_client.get_queues(hw.temporal, tenant)
+                return None
+            stats = await hw_client.get_queues(hw.temporal, hw.tenant)
             for q in queues:
                 s = stats.get(q, {})
                 done = sum(1 for a in actions if a.queue == q and a.id in results)
@@ -250,14 +270,23 @@ async def _scenario(
         for q in queues:
             progress.update(bars[q], completed=totals[q], detail="done")
     await asyncio.gather(*tasks)
+    return results
+
+
+async def _summarize(
+    hw: HeadwayClient, actions: list[Action], results: dict[str, Any], console: Console
+) -> bool:
+    """The per-queue waits table, and whether every action succeeded."""
+    from headway.workflows import client as hw_client
+    from rich.table import Table
 
     # Waits as the action workflows themselves recorded them (admitted - submitted).
-    states = {a.id: await hw_client.action_state(hw.temporal, tenant, a.id) for a in actions}
+    states = {a.id: await hw_client.action_state(hw.temporal, hw.tenant, a.id) for a in actions}
     summary = Table(title="Per-queue waits (seconds from submit to admission)")
     for col in ("queue", "actions", "succeeded", "wait p50", "wait max", "clusters"):
         summary.add_column(col)
     all_ok = True
-    for q in queues:
+    for q in [q["name"] for q in QUEUES]:
         mine = [a for a in actions if a.queue == q]
         ok = [a for a in mine if getattr(results[a.id], "state", None) == "succeeded"]
         all_ok = all_ok and len(ok) == len(mine)

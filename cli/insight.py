@@ -78,6 +78,10 @@ def forecast(ctx: click.Context, queue: str | None, default_runtime: float, outp
         return await fetch_snapshot(client, cfg.tenant)
 
     sched, now = with_client(cfg, go)
+    if queue is not None and queue not in sched.queues:
+        # A typo'd queue is not a queue with nothing waiting.
+        known = ", ".join(sorted(sched.queues)) or "none"
+        raise click.ClickException(f"--queue: queue {queue!r} does not exist (queues: {known})")
     f = run_forecast(sched, now, default_runtime=default_runtime)
     rows: list[dict[str, Any]] = []
     for q in sched.queues.values():

@@ -47,6 +47,31 @@ def _fail(msg: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+def _check_store_exists(database_url: str | None) -> None:
+    """A SQLite store that is not there is an error naming it: opening it would create an
+    empty one (its directory too) and answer that nothing ran."""
+    from headway.store.leases import DEFAULT_DATABASE_URL
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    url = database_url or DEFAULT_DATABASE_URL
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return  # LeaseStore names a URL it cannot parse
+    path = parsed.database
+    sqlite = parsed.get_backend_name() == "sqlite" and path and path != ":memory:"
+    if not sqlite or Path(str(path)).exists():
+        return
+    if database_url is None:
+        _fail(
+            f"--database-url: no store at {path}, the default (run this where `headway up`"
+            " keeps its data directory, or give --database-url)",
+            1,
+        )
+    _fail(f"--database-url: {url!r}: no store at {path}", 1)
+
+
 def _window(cfg: Settings, since: str, database_url: str | None) -> tuple[list[Finished], Any]:
     """The tenant's recorded actions since ``since``, and its stored configuration."""
     from headway.store import LeaseStore
@@ -60,6 +85,7 @@ def _window(cfg: Settings, since: str, database_url: str | None) -> tuple[list[F
         _fail(str(exc))
     if secs <= 0:
         _fail(f"--since: {since!r} must be more than 0")
+    _check_store_exists(database_url)
     try:
         store = LeaseStore(database_url)
     except (SQLAlchemyError, OSError) as exc:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import asdict, is_dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -186,18 +188,9 @@ def submit(
     cfg = settings(ctx)
     tenant = check_name(tenant, "--tenant") if tenant else cfg.tenant
     cfg = for_tenant(cfg, tenant)  # reached in its own namespace (tenant-namespaces)
-    check_name(queue, "--queue")
-    if run:
-        check_id(run, "--run")
-    if action_id:
-        check_id(action_id, "--id")
-        if count > 1 and len(action_id) + len(str(count - 1)) + 1 > 200:
-            check_id(f"{action_id}-{count - 1}", "--id (with --count)")
-    try:
-        resources = Resources(cpu=cpu, memory=memory, gpu=gpu, ephemeral_storage=ephemeral_storage)
-    except ValueError as exc:
-        raise click.BadParameter(f"--{str(exc).replace('_', '-')}") from None
-    try:
+    _check_names(queue, run, action_id, count)
+    resources = _resources(cpu=cpu, memory=memory, gpu=gpu, ephemeral_storage=ephemeral_storage)
+    with _value_error_as_usage():
         kube = kube_options(
             args=args,
             env=env,
@@ -212,8 +205,6 @@ def submit(
             shm_size=shm_size,
             names=CLI_NAMES,
         )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
     spec = Task(
         task,
         resources,
@@ -224,55 +215,132 @@ def submit(
         command=_command(command),
         kube=kube,
     )
-    ids = [action_id] if count == 1 else [f"{action_id or task}-{i}" for i in range(count)]
+    batch = _Batch(
+        spec=spec,
+        ids=_ids(action_id, task, count),
+        queue=queue,
+        run=run,
+        inject=inject,
+        tenant=tenant,
+        ui_url=ui_url(cfg),
+        wait=wait,
+        as_json=as_json,
+    )
+    _exit(ctx, batch, ok=with_client(cfg, batch.go))
 
-    rejected: list[SubmissionRejected] = []
 
-    async def go(client: Client) -> tuple[bool, list[str]]:
-        from headway.workflows.client import ActionConflictError
+def _check_names(queue: str, run: str, action_id: str | None, count: int) -> None:
+    """The names the submission carries, checked before anything is sent."""
+    check_name(queue, "--queue")
+    if run:
+        check_id(run, "--run")
+    if action_id:
+        check_id(action_id, "--id")
+        if count > 1 and len(action_id) + len(str(count - 1)) + 1 > 200:
+            check_id(f"{action_id}-{count - 1}", "--id (with --count)")
 
-        hw = HeadwayClient(client, tenant=tenant, ui_url=ui_url(cfg))
-        actions: list[Action] = []
-        conflicts: list[str] = []
-        for one in ids:
-            try:
-                action = await hw.submit(spec, queue=queue, run=run, id=one, inject=inject)
-            except ActionConflictError as exc:
-                # The other ids of a --count batch still go in; the exit code says
-                # that one did not.
-                conflicts.append(str(exc))
-                if len(ids) > 1:
-                    click.echo(f"Error: {exc}", err=True)
-                continue
-            except SubmissionRejected as exc:
-                rejected.append(exc)
-                _report_rejected(exc, as_json=as_json)
-                continue
-            actions.append(action)
-            _report(action, queue, as_json=as_json, waiting=wait)
-        if not wait:
-            return True, conflicts
+
+def _ids(action_id: str | None, task: str, count: int) -> list[str | None]:
+    """One id (None: generated), or COUNT ids derived from it (else from the task)."""
+    if count == 1:
+        return [action_id]
+    return [f"{action_id or task}-{i}" for i in range(count)]
+
+
+def _resources(
+    *, cpu: str | None, memory: str | None, gpu: str | None, ephemeral_storage: str | None
+) -> Resources:
+    """The per-pod demand; a bad quantity is named by its flag."""
+    try:
+        return Resources(cpu=cpu, memory=memory, gpu=gpu, ephemeral_storage=ephemeral_storage)
+    except ValueError as exc:
+        raise click.BadParameter(f"--{str(exc).replace('_', '-')}") from None
+
+
+@contextmanager
+def _value_error_as_usage() -> Iterator[None]:
+    """A bad Kubernetes option (``ValueError`` naming its flag) as a usage error."""
+    try:
+        yield
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+@dataclass
+class _Batch:
+    """One ``submit`` call's ids, what became of each, and how to report them."""
+
+    spec: Task
+    ids: list[str | None]
+    queue: str
+    run: str
+    inject: str | None
+    tenant: str
+    ui_url: str | None
+    wait: bool
+    as_json: bool
+    rejected: list[SubmissionRejected] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+    async def go(self, client: Client) -> bool:
+        """Submit every id, then (with --wait) wait for each; False if one failed."""
+        hw = HeadwayClient(client, tenant=self.tenant, ui_url=self.ui_url)
+        actions = [a for one in self.ids if (a := await self._submit_one(hw, one)) is not None]
+        if not self.wait:
+            return True
         ok = True
         for action in actions:
-            result = await action.result()
-            if getattr(result, "state", None) == "rejected":
-                # Taken in, then rejected while it waited (its queue's max_queued_time):
-                # the same answer as a rejection at the door, with its own exit code.
-                late = rejection(
-                    tenant, action.id, queue, result.reason or "Rejected", result.message
-                )
-                rejected.append(late)
-                _report_rejected(late, as_json=as_json)
-                continue
-            ok = ok and _succeeded(result)
-            data = _plain(result)
-            if as_json:
-                click.echo(json.dumps({"id": action.id, "result": data}, default=str))
-            else:
-                click.echo(f"{action.id}: {_describe(data)}")
-        return ok, conflicts
+            ok = await self._wait_one(action) and ok
+        return ok
 
-    ok, conflicts = with_client(cfg, go)
+    async def _submit_one(self, hw: HeadwayClient, one: str | None) -> Action | None:
+        """One id in: its action, or None when it conflicted or was rejected."""
+        from headway.workflows.client import ActionConflictError
+
+        try:
+            action = await hw.submit(
+                self.spec, queue=self.queue, run=self.run, id=one, inject=self.inject
+            )
+        except ActionConflictError as exc:
+            # The other ids of a --count batch still go in; the exit code says
+            # that one did not.
+            self.conflicts.append(str(exc))
+            if len(self.ids) > 1:
+                click.echo(f"Error: {exc}", err=True)
+            return None
+        except SubmissionRejected as exc:
+            self.rejected.append(exc)
+            _report_rejected(exc, as_json=self.as_json)
+            return None
+        _report(action, self.queue, as_json=self.as_json, waiting=self.wait)
+        return action
+
+    async def _wait_one(self, action: Action) -> bool:
+        """Wait for one action and print how it ended; False if it did not succeed.
+
+        An action rejected while it waited is reported as a rejection (True here:
+        its exit code comes from the rejections)."""
+        result = await action.result()
+        if getattr(result, "state", None) == "rejected":
+            # Taken in, then rejected while it waited (its queue's max_queued_time):
+            # the same answer as a rejection at the door, with its own exit code.
+            late = rejection(
+                self.tenant, action.id, self.queue, result.reason or "Rejected", result.message
+            )
+            self.rejected.append(late)
+            _report_rejected(late, as_json=self.as_json)
+            return True
+        data = _plain(result)
+        if self.as_json:
+            click.echo(json.dumps({"id": action.id, "result": data}, default=str))
+        else:
+            click.echo(f"{action.id}: {_describe(data)}")
+        return _succeeded(result)
+
+
+def _exit(ctx: click.Context, batch: _Batch, *, ok: bool) -> None:
+    """The exit code says the worst of the batch: a conflict, then policy, then rate."""
+    rejected, conflicts, ids = batch.rejected, batch.conflicts, batch.ids
     if rejected and not conflicts:
         if len(ids) > 1:
             click.echo(f"{len(rejected)} of {len(ids)} submissions rejected (above)", err=True)
@@ -369,9 +437,12 @@ def why(ctx: click.Context, action_id: str, tenant: str | None, output: str) -> 
     cfg = for_tenant(cfg, hw_tenant)
 
     async def go(client: Client) -> Any:
-        return await HeadwayClient(client, tenant=hw_tenant).why(action_id)
+        data = _plain(await HeadwayClient(client, tenant=hw_tenant).why(action_id))
+        if isinstance(data, dict) and data.get("state") is None and not data.get("reason"):
+            data = await _outside_the_window(client, hw_tenant, action_id, data)
+        return data
 
-    data = _plain(with_client(cfg, go))
+    data = with_client(cfg, go)
     if emit_structured(data, output):
         return
     if isinstance(data, dict):
@@ -386,3 +457,23 @@ def why(ctx: click.Context, action_id: str, tenant: str | None, output: str) -> 
                 click.echo(f"{key}: {value}")
     else:
         click.echo(str(data))
+
+
+async def _outside_the_window(
+    client: Client, tenant: str, action_id: str, data: dict[str, Any]
+) -> dict[str, Any]:
+    """``why`` of an action the scheduler does not hold: its own state and reason (ended,
+    rejected, ...), or an error when there is no such action (a typo'd id is not an
+    action with no reasons)."""
+    from headway.workflows import client as hw
+
+    try:
+        own = await hw.action_details(client, tenant, action_id)
+    except hw.ActionNotFoundError:
+        raise click.ClickException(
+            f"action {action_id!r} not found in tenant {tenant!r} (see `headway get actions`)"
+        ) from None
+    message = data["message"]
+    if own.result is not None:  # ended: how, in its own words when it has them
+        message = own.result.message or f"it ended {own.state}"
+    return {**data, "state": own.state, "reason": own.reason, "message": message}

@@ -8,7 +8,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from headway import protocol
@@ -312,42 +312,17 @@ def cluster(
     entry = fleet_cluster(load_fleet(fleet_path), name)
     from headway.worker.cluster import make_backend, run_cluster_worker
 
-    given = {
-        "kubeconfig": kubeconfig,
-        "context": kube_context,
-        "namespace": pod_namespace,
-        "config": config_path,
-        "time_scale": time_scale,
-        "state_dir": state_dir,
-    }
-    allowed = (
-        {"time_scale", "state_dir"}
-        if backend == "sim"
-        else {"kubeconfig", "context", "namespace", "config"}
+    opts = _backend_options(
+        backend,
+        {
+            "kubeconfig": kubeconfig,
+            "context": kube_context,
+            "namespace": pod_namespace,
+            "config": config_path,
+            "time_scale": time_scale,
+            "state_dir": state_dir,
+        },
     )
-    misplaced = [k for k, v in given.items() if v is not None and k not in allowed]
-    if misplaced:
-        flags = {
-            "kubeconfig": "--kubeconfig",
-            "context": "--context",
-            "namespace": "--pod-namespace",
-            "config": "--config",
-            "time_scale": "--time-scale",
-            "state_dir": "--state-dir",
-        }
-        raise click.BadParameter(
-            f"{', '.join(flags[k] for k in misplaced)} does not apply to --backend {backend}"
-        )
-    opts = {k: v for k, v in given.items() if v is not None and k != "config"}
-    if config_path is not None:
-        from headway.worker.kube_config import load_kube_config
-
-        try:
-            # The flags win over the file (--pod-namespace over its namespace).
-            opts = {**load_kube_config(config_path), **opts}
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from None
-
     try:
         # A state file that cannot be read back is refused before connecting anywhere.
         impl = make_backend(name, backend, entry, **opts)
@@ -394,6 +369,43 @@ def cluster(
     if backend == "kubernetes":
         _check_kube_config(kubeconfig, kube_context)
     asyncio.run(_serve(cfg, body))
+
+
+#: The backend options of ``worker cluster`` by the flag that gives each.
+_BACKEND_FLAGS = {
+    "kubeconfig": "--kubeconfig",
+    "context": "--context",
+    "namespace": "--pod-namespace",
+    "config": "--config",
+    "time_scale": "--time-scale",
+    "state_dir": "--state-dir",
+}
+
+
+def _backend_options(backend: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The options ``make_backend`` takes, from the flags given: a flag of the other
+    backend is refused by name; ``--config``'s file is read (the flags win over it)."""
+    allowed = (
+        {"time_scale", "state_dir"}
+        if backend == "sim"
+        else {"kubeconfig", "context", "namespace", "config"}
+    )
+    misplaced = [k for k, v in given.items() if v is not None and k not in allowed]
+    if misplaced:
+        raise click.BadParameter(
+            f"{', '.join(_BACKEND_FLAGS[k] for k in misplaced)} does not apply to --backend {backend}"
+        )
+    opts = {k: v for k, v in given.items() if v is not None and k != "config"}
+    config_path = given.get("config")
+    if config_path is not None:
+        from headway.worker.kube_config import load_kube_config
+
+        try:
+            # The flags win over the file (--pod-namespace over its namespace).
+            opts = {**load_kube_config(config_path), **opts}
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return opts
 
 
 def _check_kube_config(kubeconfig: str | None, context: str | None) -> None:

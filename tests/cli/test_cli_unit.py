@@ -314,3 +314,10 @@ def test_up_on_another_ui_port_says_how_links_find_it() -> None:
     assert ui_hint(7233, 8233) is None
     hint = ui_hint(7233, 9000)
     assert hint is not None and "--ui-url http://localhost:9000" in hint
+
+
+def test_a_cluster_worker_for_a_cluster_the_fleet_lacks_is_a_bad_value():
+    result = invoke("worker", "cluster", "--name", "gpu-h1000", "--backend", "sim")
+    assert result.exit_code == 2, result.output
+    assert "--name: 'gpu-h1000' is not a cluster of the fleet (one of gpu-h100" in result.output
+    assert "cannot reach" not in result.output

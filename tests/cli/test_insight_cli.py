@@ -86,3 +86,10 @@ def test_forecast_says_which_would_wait_past_max_queued_time(
     assert (rows["a2"]["starts_in_s"], rows["a2"]["expires_in_s"]) == (None, 150.0)
     table = CliRunner().invoke(cli, ["forecast"])
     assert "never (QueuedTooLong in 2m30s)" in table.output, table.output
+
+
+def test_forecast_of_an_unknown_queue_names_it_and_fails(snapshot: None) -> None:
+    res = CliRunner().invoke(cli, ["forecast", "--queue", "trian"])
+    assert res.exit_code == 1, res.output
+    assert "--queue: queue 'trian' does not exist (queues: train)" in res.output
+    assert "Traceback" not in res.output

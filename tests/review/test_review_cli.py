@@ -230,3 +230,19 @@ def test_a_bad_history_retention_stops_the_worker_before_it_starts(
     code, out = run("worker", "control-plane", "--history-retention", value)
     assert code == 2
     assert "--history-retention" in out and message in out
+
+
+@pytest.mark.parametrize("command", [["export", "workload"], ["review", "--proposal"]])
+def test_a_store_that_is_not_there_is_named_and_not_created(
+    tmp_path: Path, command: list[str]
+) -> None:
+    if command[0] == "review":
+        proposal = tmp_path / "proposal.yaml"
+        proposal.write_text("queues: []\n")
+        command = [*command, str(proposal)]
+    missing = tmp_path / "no-such-dir" / "headway.db"
+    code, out = run(*command, "--database-url", f"sqlite:///{missing}")
+    assert code == 1, out
+    assert f"no store at {missing}" in out
+    assert "Traceback" not in out
+    assert not missing.parent.exists()  # opening it would have made an empty store

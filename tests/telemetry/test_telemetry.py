@@ -247,3 +247,24 @@ def test_the_poll_interval_comes_from_the_environment(
             telemetry.metrics_interval()
     else:
         assert telemetry.metrics_interval() == expected
+
+
+def test_the_console_exporter_writes_to_stderr_leaving_stdout_to_the_command() -> None:
+    # A process of its own: the exporter is read once per process, at its first span.
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from headway import telemetry\n"
+        "with telemetry.tracer().start_as_current_span('console-probe'):\n"
+        "    pass\n"
+        "telemetry.flush()\n"
+    )
+    env = {**os.environ, "HEADWAY_OTEL_EXPORTER": "console"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""  # `headway submit --json | jq` keeps working
+    assert '"name": "console-probe"' in done.stderr
