@@ -13,7 +13,7 @@ from headway.protocol import NodeCapacity, PodSpec
 from headway.scheduler.resources import parse_cpu, parse_memory
 
 from .pods import GPU_RESOURCE
-from .status import _FINISHED_PHASES, _quantity, _requests_spec, pod_requests
+from .status import _FINISHED_PHASES, _action_of, _quantity, _requests_spec, pod_requests
 
 __all__ = ["node_capacity", "requests_by_node"]
 
@@ -59,8 +59,8 @@ def requests_by_node(
     pods: Mapping[tuple[str, str], dict[str, Any]], headway: Container[tuple[str, str]]
 ) -> tuple[dict[str, Requests], list[PodSpec]]:
     """The summed requests of the unfinished pods bound to each node, and the requests
-    of the pods keyed in ``headway`` (Headway's) that are not bound yet, in ``pods``
-    order (they take room first)."""
+    of Headway's pods (keyed in ``headway``, or labelled as an action's) that are not
+    bound yet, in ``pods`` order (they take room first)."""
     used: dict[str, list[int]] = {}
     pending: list[PodSpec] = []
     for key, pod in pods.items():
@@ -69,7 +69,9 @@ def requests_by_node(
         if phase in _FINISHED_PHASES:
             continue
         if not node:
-            if key in headway:
+            # Whichever informer saw it first (the all-pods one may be ahead) and
+            # whichever worker made it. Others' pending pods may never bind: not counted.
+            if key in headway or _action_of(pod) is not None:
                 pending.append(_requests_spec(pod))
             continue
         u = used.setdefault(node, [0, 0, 0, 0])
