@@ -886,6 +886,9 @@ class SchedulerWorkflow:
         self._lazy_ends = workflow.patched("lazy-ends")
         self._bites = workflow.patched("bites")
         self._silent_checks = workflow.patched("silent-clusters")
+        # A cluster no worker has ever reported for goes down once work sent to it has
+        # waited the silence interval (see _mark_silent); runs recorded before not.
+        self._unheard_checks = self._silent_checks and workflow.patched("unheard-clusters")
         if inp.carried and workflow.patched("sync-after-continue"):
             # A nudge that reached the previous run while it was continuing as new is
             # lost with it, and its store flag stays set, so no one nudges again: look
@@ -1460,9 +1463,22 @@ class SchedulerWorkflow:
     def _mark_silent(self, now: float) -> None:
         """Mark down each cluster whose worker has gone silent (see CLUSTER_SILENT_S).
 
-        Only a cluster heard from before can go silent: one whose worker never reported
-        stays as configured (a declared cluster without a report is unknown, and open).
+        A declared cluster no worker has reported for is unknown, and open: work may be
+        sent to it. But once an action sent there has waited the silence interval with
+        no worker ever heard from (``unheard-clusters``), nobody is there to take it: the
+        cluster is down too (its work is handed back by its own dispatch timeout), until
+        a worker reports.
         """
+        for name in self._unheard_overdue(now):
+            workflow.logger.warning(
+                "cluster %s: no worker has reported, work sent to it waited %.0f s: down"
+                " until one reports",
+                name,
+                now - (self._unheard_since(name) or now),
+            )
+            self._loop.silent.append(name)
+            self._stats["clusters_down"] += 1
+            self._core.set_cluster_health(name, False)
         for name, view in self._loop.capacity.items():
             heard = view.get("heard_at")
             if heard is None or name in self._loop.silent or name not in self._core.clusters:
@@ -1474,6 +1490,24 @@ class SchedulerWorkflow:
                 self._loop.silent.append(name)
                 self._stats["clusters_down"] += 1
                 self._core.set_cluster_health(name, False)
+
+    def _unheard_since(self, name: str) -> float | None:
+        """When the longest-waiting action on cluster ``name`` was sent there, while no
+        worker of it has ever reported (``unheard-clusters``); else None."""
+        if not self._unheard_checks or name in self._loop.capacity:
+            return None
+        return min((a.start for a in self._core.on_cluster.get(name, {}).values()), default=None)
+
+    def _unheard_overdue(self, now: float) -> list[str]:
+        """The healthy clusters never heard from whose work has waited the interval."""
+        out = []
+        for name, c in self._core.clusters.items():
+            since = self._unheard_since(name)
+            if since is None or name in self._loop.silent or not c.healthy:
+                continue
+            if now - since >= self._silent_after():
+                out.append(name)
+        return out
 
     def _all_down(self, queue: str) -> str | None:
         """When every cluster ``queue`` may use is down, which and why; else None."""
@@ -1492,6 +1526,8 @@ class SchedulerWorkflow:
             heard = self._loop.capacity.get(n, {}).get("heard_at")
             if n in self._loop.silent and heard is not None:
                 said.append(f"{n} (its worker silent for {now - heard:.0f}s)")
+            elif n in self._loop.silent:
+                said.append(f"{n} (no worker of it has reported)")
             else:
                 said.append(f"{n} (marked unhealthy)")
         return ", ".join(said)
@@ -1505,6 +1541,10 @@ class SchedulerWorkflow:
             for n, v in self._loop.capacity.items()
             if v.get("heard_at") is not None and n not in self._loop.silent
         ]
+        for n in self._core.clusters:
+            since = self._unheard_since(n)
+            if since is not None and n not in self._loop.silent:
+                deadlines.append(since + self._silent_after())
         return min(deadlines, default=None)
 
     def _arm_timer(self, now: float) -> None:

@@ -377,6 +377,66 @@ async def test_sim_a_silenced_worker_makes_its_cluster_down_and_back_and_its_run
         await asyncio.wait_for(asyncio.gather(worker, control, return_exceptions=True), 60)
 
 
+async def test_a_cluster_no_worker_ever_reported_goes_down_once_its_work_waited_and_the_work_moves(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A declared cluster without a report is unknown, and open: work is sent there. With
+    no worker to take it, the dispatch is handed back after the silence interval, and
+    the cluster goes down (not chosen again) until a worker reports; the action then
+    runs where its queue's selector, changed live, now lets it."""
+    client = temporal_env.client
+    tenant = f"uh-{uuid.uuid4().hex[:8]}"
+    fleet = [*one_node_fleet("ghost"), *one_node_fleet("real")]
+    monkeypatch.setattr(shared.HEALTH, "cluster_silent_s", 3.0)
+    cp_stop, w_stop = asyncio.Event(), asyncio.Event()
+    control = asyncio.create_task(
+        run_control_plane_worker(
+            client,
+            database_url=f"sqlite:///{tmp_path / 'leases.db'}",
+            fleet=fleet,
+            stop=cp_stop,
+            cluster_silent_s=3.0,
+        )
+    )
+    backend = SimBackend(fleet[1], time_scale=1.0, startup_s=0.1, state_dir=tmp_path / "sim")
+    worker = asyncio.create_task(
+        run_cluster_worker(client, "real", backend, tenants=[tenant], stop=w_stop, resync_s=1.0)
+    )
+    try:
+        await hw.ensure_scheduler(client, tenant, fleet)
+        await hw.upsert_queue(client, tenant, QueueSpec("q", clusters=("ghost",)).to_dict())
+        await until(lambda: _is(free_cpu(client, tenant, "real"), 4000), "real's first report")
+        h = await hw.submit(client, submit_request(tenant, "lost-1", "1", duration_s=0.5))
+        st = await until(
+            lambda: _when(state_of(client, tenant, "lost-1"), lambda s: len(s.attempts) > 1),
+            "the dispatch nobody took handed back",
+        )
+        assert st.attempts[0].cluster == "ghost", st.attempts
+        assert "no worker of cluster" in st.attempts[0].message, st.attempts
+        fleet_now = await hw.get_fleet(client, tenant)
+        assert "ghost" in fleet_now["down"] and "real" not in fleet_now["down"], fleet_now
+        why = await until(
+            lambda: _when(
+                hw.why(client, tenant, "lost-1"), lambda w: w.get("reason") == "ClusterDown"
+            ),
+            "ClusterDown in why",
+        )
+        assert "ghost (no worker of it has reported)" in why["message"], why
+        # Still waiting a while later: not sent to the down cluster again.
+        await asyncio.sleep(4)
+        st = await state_of(client, tenant, "lost-1")
+        assert st.state == "waiting" and len(st.attempts) == 2, st.attempts
+        await hw.upsert_queue(client, tenant, QueueSpec("q", clusters=("ghost", "real")).to_dict())
+        res = await asyncio.wait_for(hw.wait_result(h), 60)
+        assert res.state == "succeeded", res
+        st = await state_of(client, tenant, "lost-1")
+        assert [a.cluster for a in st.attempts] == ["ghost", "real"], st.attempts
+    finally:
+        w_stop.set()
+        cp_stop.set()
+        await asyncio.wait_for(asyncio.gather(worker, control, return_exceptions=True), 60)
+
+
 async def _pods(backend: SimBackend, action_id: str) -> dict[str, str | None]:
     return {k: v for k, v in backend.pods(action_id).items() if v}
 
