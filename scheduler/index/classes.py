@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ..common import _INF, _POS
 from ..fit import uniform
 from ..index.records import _apply_due, _Class, _Eval
+from ..policy.gates import gates_on
 
 if TYPE_CHECKING:
     from typing import Any
@@ -141,14 +142,9 @@ def _walk(
     resv = self._resv
     started = 0
     ver = v.ver
-    # Gates an admission can move (its counters): an answer is carried past one only
-    # if they answer as before.
-    gated = (
-        q.spec.action_concurrency is not None
-        or q.spec.max_resources is not None
-        or run_gates
-        or self.org.max_concurrent_actions is not None
-    )
+    # Gates an admission can move (every gate reads a counter it moves): an answer is
+    # carried past one only if they answer as before.
+    gated = bool(gates_on(q.spec, self.org))
     # (position, index, class, first member owed ``rr`` or -1, ``rr``): positions
     # are unique, so entries never compare past the first field.
     heap: list[tuple[int, int, _Class, int, Any]] = [
