@@ -55,7 +55,7 @@ def _holdable(
     reads one list until then, instead of asking each cluster again."""
     key = (sel, dkey)
     hit = self._holdables.get(key)
-    if hit is not None and hit[0] == self._hard_at:
+    if hit is not None and self._kept_since_hard(hit[0]):
         names: list[str] = hit[1]
         return names
     names = [c.name for c in elig if c.known and self._could(c, runs, dkey)]
@@ -242,22 +242,6 @@ def _scanned(
     return out
 
 
-def _note_horizons(self: Scheduler, hz: dict[str, float], hmin: float) -> None:
-    """Note clock horizons by cluster as ``_earliest_fit`` does (the earliest wins)."""
-    if hmin < self._horizon:
-        self._horizon = hmin
-    vhz = self._vhz
-    if not vhz:
-        vhz.update(hz)
-        return
-    if vhz == hz:
-        # (Commonly so: a reservation made again reads the fits it read before.)
-        return
-    for n, h in hz.items():
-        if h < vhz.get(n, _INF):
-            vhz[n] = h
-
-
 def _earliest_fit(
     self: Scheduler, c: ClusterState, runs: Runs, now: float, easy: bool, dkey: int
 ) -> tuple[float, ClusterState | None] | None:
@@ -269,22 +253,12 @@ def _earliest_fit(
         # Not for EASY: its extra depends on which nodes are free now (the head's
         # projected placement takes busy-now nodes first), which both moved.
         hit = self._carried(c, key, hit) or self._freed(c, key, hit, now)
-    if not easy and (
-        hit is None
-        or hit[0] != c.version
-        or hit[1] != self._env_epoch
-        or not hit[2] <= now <= hit[3]
-    ):
+    if not easy and (hit is None or not self._projection_stands(hit, c, now)):
         # EASY's projection places the demand the same way, only for real (on
         # scratch): its time, valid over the same window, is this answer too.
         # Backfill and EASY queues asking for one demand project it once.
         sib = fit_cache.get((c.index, dkey, True))
-        if (
-            sib is not None
-            and sib[0] == c.version
-            and sib[1] == self._env_epoch
-            and sib[2] <= now <= sib[3]
-        ):
+        if sib is not None and self._projection_stands(sib, c, now):
             sres = sib[4]
             hit = fit_cache[key] = (
                 sib[0],
@@ -293,12 +267,7 @@ def _earliest_fit(
                 sib[3],
                 None if sres is None else (sres[0], None),
             )
-    if (
-        hit is not None
-        and hit[0] == c.version
-        and hit[1] == self._env_epoch
-        and hit[2] <= now <= hit[3]
-    ):
+    if hit is not None and self._projection_stands(hit, c, now):
         res = hit[4]
     else:
         outer = self._horizon
@@ -325,16 +294,10 @@ def _earliest_fit(
                 if inst.cluster == c.name and inst.nodes and inst.active:
                     horizon = min(horizon, _env_horizon(inst, now))
         self._fit_cache[key] = (c.version, self._env_epoch, now, horizon, res)
-        self._horizon = min(outer, horizon)
-        vhz = self._vhz
-        if horizon < vhz.get(c.name, _INF):
-            vhz[c.name] = horizon
+        self._horizon = outer
+        self._note_window(c.name, horizon)
         return res
-    if hit[3] < self._horizon:
-        self._horizon = hit[3]
-    vhz = self._vhz
-    if hit[3] < vhz.get(c.name, _INF):
-        vhz[c.name] = hit[3]
+    self._note_window(c.name, hit[3])
     # The cached EASY extra is shared: ``_reserve`` copies the one it keeps.
     cached: tuple[float, ClusterState | None] | None = res
     return cached

@@ -1,5 +1,5 @@
 """The gates: the checks an action passes before any fit (``_gate``, in the order of
-``GATES``), and what may run in a reserved gap (``_allowed``, ``_use_up``).
+``GATES``), and what may run in a reserved gap (``gap_allows``, ``_use_up``).
 
 ``GATES`` is the gates' one ordered table: each gate's reason, the limit that turns it
 on, what of the ground truth it reads, and its check. ``_gate`` asks the table in order;
@@ -148,44 +148,32 @@ def _gate(self: Scheduler, q: _Queue, a: _Action, demand: Usage) -> Reason | Non
     return None
 
 
-def _allowed(
-    self: Scheduler,
-    a: _Action,
-    now: float,
-    rs: list[_Reservation],
-    runs: Runs,
-    c: ClusterState,
-) -> list[_Reservation] | None:
-    """May ``a`` start on a cluster under reservations ``rs``?
+def gap_allows(
+    est: float, now: float, rs: list[_Reservation], runs: Runs, c: ClusterState
+) -> tuple[list[_Reservation] | None, float]:
+    """May an action of estimate ``est`` start on ``c`` now under reservations ``rs``?
 
-    Returns None if not; else the reservations whose EASY extra it must use up
-    (empty: none).
+    The answer (None: no; else the reservations whose EASY extra it must use up, empty:
+    none), and until when on the clock it stands (the earliest time, among the
+    reservations it would be gone by, at which it would no longer be: ``_INF`` if none).
     """
-    if a.spec.estimate is None:
-        self._vhist = True  # an estimate from the task's history
-    est = self.estimate(a.task, a.spec.estimate)
-    if est is None:
-        return None
     end = now + est
+    until = _INF
     need: list[_Reservation] = []
     for r in rs:
         if end <= r.time:
             # Allowed until the action would no longer be gone by the reservation.
-            h = r.time - est
-            if h < self._horizon:
-                self._horizon = h
-            vhz = self._vhz
-            if h < vhz.get(c.name, _INF):
-                vhz[c.name] = h
+            if r.time - est < until:
+                until = r.time - est
             continue
         if r.extra is None:
-            return None
+            return None, until
         need.append(r)
     if not need or not runs:
-        return need if runs else []
+        return (need if runs else []), until
     if c.place(runs, commit=False, limit=_joint_extra(need)) is None:
-        return None
-    return need
+        return None, until
+    return need, until
 
 
 def _use_up(r: _Reservation, runs: Runs, nodes: list[int]) -> None:

@@ -129,7 +129,7 @@ MUTATIONS = [
         "_eligible_of's cache of healthy clusters ignores later health changes",
         Scheduler,
         "_eligible_of",
-        "if hit is not None and hit[0] == self._hard_at:",
+        "if hit is not None and self._kept_since_hard(hit[0]):",
         "if hit is not None:",
     ),
     Mutation(
@@ -144,14 +144,9 @@ MUTATIONS = [
         "fit-cache-ignores-environments",
         "_earliest_fit's cache ignores environments placed or gone",
         Scheduler,
-        "_earliest_fit",
-        """        and hit[1] == self._env_epoch
-        and hit[2] <= now <= hit[3]
-    ):
-        res = hit[4]""",
-        """        and hit[2] <= now <= hit[3]
-    ):
-        res = hit[4]""",
+        "_projection_stands",
+        "and entry[1] == self._env_epoch",
+        "",
     ),
     Mutation(
         "scan-ignores-clock",
