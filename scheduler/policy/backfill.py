@@ -256,8 +256,11 @@ def _earliest_fit(
     if not easy and (hit is None or not self._projection_stands(hit, c, now)):
         # EASY's projection places the demand the same way, only for real (on
         # scratch): its time, valid over the same window, is this answer too.
-        # Backfill and EASY queues asking for one demand project it once.
-        sib = fit_cache.get((c.index, dkey, True))
+        # Backfill and EASY queues asking for one demand project it once. Not for a
+        # gang of unlike pods: EASY's placement puts a pod on a busy-now node among
+        # equals, which can leave no node for the next pod where the plain best fit
+        # finds one (reserving timeline 123 of the differential tests).
+        sib = fit_cache.get((c.index, dkey, True)) if dkey not in self._unlike else None
         if sib is not None and self._projection_stands(sib, c, now):
             sres = sib[4]
             hit = fit_cache[key] = (

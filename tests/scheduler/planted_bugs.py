@@ -39,7 +39,6 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from .test_reference_differential import (
     HOLDING_WALK,
-    LOPSIDED_RESERVATION_SEED,
     SEEDED,
     STORIES,
     Differential,
@@ -289,8 +288,7 @@ def _stateful(examples: int, steps: int) -> Callable[[], None]:
 DRIVERS: list[tuple[str, Callable[[], None]]] = [
     ("stories", _stories),
     ("today's seeds", _seeded([f for f in SEEDED if f != "reserving"])),
-    # (Less the timeline of a known divergence, a strict xfail of the test module.)
-    ("reserving", _seeds("reserving", [s for s in range(300) if s != LOPSIDED_RESERVATION_SEED])),
+    ("reserving", _seeds("reserving", range(300))),
     ("holding walks", _walks(range(60), 200, "holding", HOLDING_WALK)),
     ("walks", _walks(range(100), 300)),
     ("stateful", _stateful(30, 100)),
