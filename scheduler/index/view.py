@@ -31,3 +31,9 @@ def holdable_clusters(s: Scheduler, queue: str, action_id: str) -> list[str]:
 def holds(s: Scheduler) -> dict[str, str]:
     """The clusters held in the latest pass, each with the head holding it."""
     return dict(s._holds)
+
+
+def hold_records_kept(s: Scheduler) -> int:
+    """How many blocked heads have their (cluster, head) hold records kept for the next
+    pass (at most ``policy.backfill.HOLD_PAIRS_MAX``)."""
+    return len(s._hold_pairs)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..truth import _Action, _Queue
 
 
-_HOLD_PAIRS_MAX = 1024
+HOLD_PAIRS_MAX = 1024
 
 
 def _joint_extra(need: Sequence[_Reservation]) -> ClusterState:
@@ -67,7 +67,7 @@ def _hold_all(self: Scheduler, names: Sequence[str], head: str) -> None:
     """Hold each of ``names`` for ``head``, in order (a strict head holds many)."""
     by_head = self._hold_pairs.get(head)
     if by_head is None:
-        if len(self._hold_pairs) >= _HOLD_PAIRS_MAX:
+        if len(self._hold_pairs) >= HOLD_PAIRS_MAX:
             # Heads change as work starts: never let it grow unbounded.
             self._hold_pairs.clear()
         by_head = self._hold_pairs[head] = {}
