@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ..common import _INF, _POS
 from ..fit import uniform
 from ..index.records import _apply_due, _Class, _Eval
-from ..policy.gates import gates_on
+from ..policy.gates import _any_gate_on
 
 if TYPE_CHECKING:
     from typing import Any
@@ -144,7 +144,7 @@ def _walk(
     ver = v.ver
     # Gates an admission can move (every gate reads a counter it moves): an answer is
     # carried past one only if they answer as before.
-    gated = bool(gates_on(q.spec, self.org))
+    gated = _any_gate_on(q.spec, self.org)
     # (position, index, class, first member owed ``rr`` or -1, ``rr``): positions
     # are unique, so entries never compare past the first field.
     heap: list[tuple[int, int, _Class, int, Any]] = [

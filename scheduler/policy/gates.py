@@ -4,9 +4,10 @@
 ``GATES`` is the gates' one ordered table: each gate's reason, the limit that turns it
 on, what of the ground truth it reads, and its check. ``_gate`` asks the table in order;
 what the index layer needs to know of the gates is read off the same table
-(``gates_on``, ``_reads_running``, ``_org_gated``, ``_reads_runs``), so a gate added to it is asked and
-accounted for everywhere. ``tests/scheduler/policy/test_gates.py`` holds the table to
-the reasons' order and to the queue knobs.
+(``gates_on``, ``_any_gate_on``, ``_reads_running``, ``_org_gated``, ``_reads_runs``),
+so a gate added to it is asked and accounted for everywhere.
+``tests/scheduler/policy/test_gates.py`` holds the table to the reasons' order and to
+the queue knobs.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ GATES: tuple[Gate, ...] = (
 )
 _QUEUE_GATES = tuple(g for g in GATES if g.scope == "queue")
 _ORG_GATES = tuple(g for g in GATES if g.scope == "org")
+_RUNS_GATES = tuple(g for g in GATES if "runs" in g.reads)
 
 
 def gates_on(spec: QueueSpec, org: OrgLimits) -> list[Gate]:
@@ -134,7 +136,13 @@ def _org_gated(org: OrgLimits) -> bool:
 def _reads_runs(spec: QueueSpec, org: OrgLimits) -> bool:
     """Does a gate set for the queue read the runs (so that an action's run is part of
     what its answer depends on)?"""
-    return any("runs" in g.reads for g in gates_on(spec, org))
+    return any(getattr(org if g.of_org else spec, g.limit) is not None for g in _RUNS_GATES)
+
+
+def _any_gate_on(spec: QueueSpec, org: OrgLimits) -> bool:
+    """Is any gate set for a queue of ``spec`` under ``org``? (``gates_on``, without
+    making the list: asked once per visit.)"""
+    return any(getattr(org if g.of_org else spec, g.limit) is not None for g in GATES)
 
 
 def _gate(self: Scheduler, q: _Queue, a: _Action, demand: Usage) -> Reason | None:

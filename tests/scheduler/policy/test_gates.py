@@ -15,6 +15,7 @@ from headway.scheduler.policy import gates
 from headway.scheduler.policy.gates import (
     GATES,
     Gate,
+    _any_gate_on,
     _org_gated,
     _reads_running,
     _reads_runs,
@@ -79,6 +80,8 @@ def test_a_gate_is_on_exactly_when_its_limit_is_set(gate: Gate) -> None:
     assert gates_on(spec, org) == [gate]
     assert _reads_runs(spec, org) == ("runs" in gate.reads)
     assert _org_gated(org) == (gate.scope == "org")
+    assert _any_gate_on(spec, org)
+    assert not _any_gate_on(QueueSpec("q"), OrgLimits())
 
 
 def test_the_pass_asks_the_table_in_its_order(monkeypatch: pytest.MonkeyPatch) -> None:
