@@ -48,6 +48,7 @@ from .index import evals as _index_evals
 from .index import held as _index_held
 from .index import log as _index_log
 from .index import still as _index_still
+from .index import validity as _index_validity
 from .index.records import _Cands, _Eval, _HeldFlips, _ResvRecord
 from .index.records import _Class as _Class
 from .model import ClusterSpec, EnvironmentSpec, OrgLimits, QueueSpec
@@ -398,6 +399,13 @@ class Scheduler:
     _eligible_of = _index_answers._eligible_of
     _cands_of = _index_answers._cands_of
     _unheld = _index_answers._unheld
+    _allowed = _index_answers._allowed
+
+    # index.validity
+    _kept_since_hard = _index_validity._kept_since_hard
+    _projection_stands = _index_validity._projection_stands
+    _note_window = _index_validity._note_window
+    _note_horizons = _index_validity._note_horizons
 
     # policy.order
     _mark_head = _policy_order._mark_head
@@ -407,7 +415,6 @@ class Scheduler:
 
     # policy.gates
     _gate = _policy_gates._gate
-    _allowed = _policy_gates._allowed
     _use_up = staticmethod(_policy_gates._use_up)
 
     # policy.backfill
@@ -420,7 +427,6 @@ class Scheduler:
     _reserve = _policy_backfill._reserve
     _scan = _policy_backfill._scan
     _scanned = _policy_backfill._scanned
-    _note_horizons = _policy_backfill._note_horizons
     _earliest_fit = _policy_backfill._earliest_fit
 
     # policy.projection

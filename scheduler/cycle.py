@@ -13,7 +13,7 @@ from .index.records import _NO_CHANGE, _apply_due, _Visit
 from .index.validity import _skip_visit
 from .model import Algorithm, QueueStatus
 from .policy.backfill import _joint_extra
-from .policy.gates import _reads_running
+from .policy.gates import _org_gated, _reads_running, _reads_runs
 from .reasons import Reason
 from .resources import Usage
 from .truth import Admitted, PassError, _deciding, _EnvInstance
@@ -63,7 +63,7 @@ def _pass(self: Scheduler, now: float, out: list[Admitted]) -> int:
     started = 0
     # ``_signature`` inlined; the epochs move as earlier queues admit work.
     org = self.org
-    orgd = org.max_concurrent_actions is not None or org.max_concurrent_runs is not None
+    orgd = _org_gated(org)
     incremental = self.incremental
     for q in self._qorder:
         sig = (q.epoch, q.spec, self._env_epoch, self._org_epoch if orgd else 0)
@@ -180,12 +180,8 @@ def _visit(self: Scheduler, q: _Queue, now: float, out: list[Admitted]) -> int:
         if started:
             q.waiting = [a for a in q.waiting if a.state == "waiting"]
         return started
-    org = self.org
-    run_gates = (
-        spec.run_concurrency is not None
-        or spec.per_run_concurrency is not None
-        or org.max_concurrent_runs is not None
-    )
+    # Where a gate reads the runs, an action's run is part of what its answer reads.
+    run_gates = _reads_runs(spec, self.org)
     # Actions alike in everything the decision reads (demand, environment, run
     # where run caps apply, estimate where reservations apply) get the same answer
     # while the state is unchanged: decide once per class, not once per action.

@@ -15,7 +15,8 @@ from typing import Any
 from .core import Scheduler
 from .model import QueueSpec
 from .reasons import Reason, describe
-from .resources import Usage
+from .resources import Quota, Usage
+from .truth import _Action, _Queue
 
 __all__ = ["Explanation", "Forecast", "explain", "forecast", "what_if"]
 
@@ -90,27 +91,7 @@ def explain(s: Scheduler, action_id: str, now: float) -> Explanation:
             f" per_run_concurrency above {spec.per_run_concurrency}"
         )
     elif r == Reason.MaxResources and spec.max_resources is not None:
-        mr = spec.max_resources
-        d.update(in_flight=_fmt_usage(q.usage), demand=_fmt_usage(a.usage), quota=mr.to_dict())
-        for dim, used, need, cap in (
-            ("cpu_m", q.usage.cpu, a.usage.cpu, mr.cpu),
-            ("memory", q.usage.memory, a.usage.memory, mr.memory),
-            ("ephemeral_storage", q.usage.eph, a.usage.eph, mr.eph),
-        ):
-            if cap is not None and used + need > cap:
-                u.append(
-                    f"{dim}: {used} in flight + {need} requested > {cap}: free"
-                    f" {used + need - cap} or raise max_resources"
-                )
-        if mr.gpu is not None:
-            used = q.usage.gpu if mr.gpu_type is None else q.usage.gpu_of(mr.gpu_type)
-            need = a.usage.gpu if mr.gpu_type is None else a.usage.gpu_of(mr.gpu_type)
-            if used + need > mr.gpu:
-                kind = f"{mr.gpu_type} GPU" if mr.gpu_type else "GPU"
-                u.append(
-                    f"{kind}: {used} in flight + {need} requested > {mr.gpu}: free"
-                    f" {used + need - mr.gpu} or raise max_resources.gpu to {used + need}"
-                )
+        _explain_quota(q, a, spec.max_resources, d, u)
     elif r == Reason.OrgConcurrentActions:
         d.update(running=s.org_running, cap=s.org.max_concurrent_actions)
         u.append("an action of the tenant must finish, or raise max_concurrent_actions")
@@ -118,29 +99,7 @@ def explain(s: Scheduler, action_id: str, now: float) -> Explanation:
         d.update(runs=len(s.org_run_counts), cap=s.org.max_concurrent_runs)
         u.append("a run of the tenant must finish, or raise max_concurrent_runs")
     elif r == Reason.NoClusterCapacity:
-        per: dict[str, Any] = {}
-        for c in s._eligible(q):
-            if not s._could(c, a.runs, a.dkey):
-                per[c.name] = {"never": "no node shape of this cluster can hold every pod"}
-                continue
-            fit = s._earliest_fit(c, a.runs, now, False, a.dkey)
-            per[c.name] = {
-                "free": {"cpu_m": c.tcpu, "memory": c.tmem, "gpu": c.tgpu},
-                "fits_at": fit[0] if fit is not None else None,
-            }
-        d.update(need=_fmt_usage(a.usage), clusters=per)
-        times = [(v["fits_at"], k) for k, v in per.items() if v.get("fits_at") is not None]
-        if times:
-            t, cname = min(times)
-            u.append(f"fits on {cname} at t={t:.0f} when running work ends by its estimates")
-        else:
-            u.append(
-                "running work without runtime estimates must end first; declare"
-                " estimates to get a start time"
-            )
-        never = [k for k, v in per.items() if "never" in v]
-        if never and len(never) == len(per):
-            u.append("no eligible cluster can ever hold it: widen the queue's cluster selector")
+        _explain_no_room(s, q, a, now, d, u)
     elif r == Reason.HeldForGang:
         held = {c.name: s._holds[c.name] for c in s._eligible(q) if c.name in s._holds}
         d.update(held_by=held, queue_head=q.blocked_head)
@@ -170,6 +129,60 @@ def explain(s: Scheduler, action_id: str, now: float) -> Explanation:
         d.update(environment=a.env, active=inst.active, slots=inst.spec.slots)
         u.append(f"an action inside {a.env} must finish (slots {inst.active}/{inst.spec.slots})")
     return ex
+
+
+def _explain_quota(q: _Queue, a: _Action, mr: Quota, d: dict[str, Any], u: list[str]) -> None:
+    """``explain`` for ``MaxResources``: each dimension of the quota the action exceeds."""
+    d.update(in_flight=_fmt_usage(q.usage), demand=_fmt_usage(a.usage), quota=mr.to_dict())
+    for dim, used, need, cap in (
+        ("cpu_m", q.usage.cpu, a.usage.cpu, mr.cpu),
+        ("memory", q.usage.memory, a.usage.memory, mr.memory),
+        ("ephemeral_storage", q.usage.eph, a.usage.eph, mr.eph),
+    ):
+        if cap is not None and used + need > cap:
+            u.append(
+                f"{dim}: {used} in flight + {need} requested > {cap}: free"
+                f" {used + need - cap} or raise max_resources"
+            )
+    if mr.gpu is not None:
+        used = q.usage.gpu if mr.gpu_type is None else q.usage.gpu_of(mr.gpu_type)
+        need = a.usage.gpu if mr.gpu_type is None else a.usage.gpu_of(mr.gpu_type)
+        if used + need > mr.gpu:
+            kind = f"{mr.gpu_type} GPU" if mr.gpu_type else "GPU"
+            u.append(
+                f"{kind}: {used} in flight + {need} requested > {mr.gpu}: free"
+                f" {used + need - mr.gpu} or raise max_resources.gpu to {used + need}"
+            )
+
+
+def _explain_no_room(
+    s: Scheduler, q: _Queue, a: _Action, now: float, d: dict[str, Any], u: list[str]
+) -> None:
+    """``explain`` for ``NoClusterCapacity``: per eligible cluster, its free capacity and
+    when the action would fit there by the running work's estimates."""
+    per: dict[str, Any] = {}
+    for c in s._eligible(q):
+        if not s._could(c, a.runs, a.dkey):
+            per[c.name] = {"never": "no node shape of this cluster can hold every pod"}
+            continue
+        fit = s._earliest_fit(c, a.runs, now, False, a.dkey)
+        per[c.name] = {
+            "free": {"cpu_m": c.tcpu, "memory": c.tmem, "gpu": c.tgpu},
+            "fits_at": fit[0] if fit is not None else None,
+        }
+    d.update(need=_fmt_usage(a.usage), clusters=per)
+    times = [(v["fits_at"], k) for k, v in per.items() if v.get("fits_at") is not None]
+    if times:
+        t, cname = min(times)
+        u.append(f"fits on {cname} at t={t:.0f} when running work ends by its estimates")
+    else:
+        u.append(
+            "running work without runtime estimates must end first; declare"
+            " estimates to get a start time"
+        )
+    never = [k for k, v in per.items() if "never" in v]
+    if never and len(never) == len(per):
+        u.append("no eligible cluster can ever hold it: widen the queue's cluster selector")
 
 
 @dataclass

@@ -1,1 +1,3 @@
-"""index: see docs/scheduler-internals.md."""
+"""index: the answers the policy would give, remembered between events, and when they
+still stand (``validity``). Read them through ``view``; see
+docs/scheduler-internals.md."""

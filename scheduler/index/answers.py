@@ -7,15 +7,17 @@ from __future__ import annotations
 from itertools import compress
 from typing import TYPE_CHECKING
 
-from ..common import _NAME, _SCAN_MIN
+from ..common import _INF, _NAME, _SCAN_MIN
 from ..index.records import _NO_CHANGE, _NO_ROOM, _Cands
+from ..policy.gates import gap_allows
 
 if TYPE_CHECKING:
     from typing import Any
 
+    from ..common import _Reservation
     from ..core import Scheduler
     from ..fit import ClusterState, Runs
-    from ..truth import _Queue
+    from ..truth import _Action, _Queue
 
 
 def _eligible(self: Scheduler, q: _Queue, healthy_only: bool = True) -> list[ClusterState]:
@@ -31,7 +33,7 @@ def _eligible_of(
     """``_eligible`` for selector ``sel``."""
     if healthy_only:
         hit = self._eligibles.get(sel)
-        if hit is not None and hit[0] == self._hard_at:
+        if hit is not None and self._kept_since_hard(hit[0]):
             cached: list[ClusterState] = hit[1]
             return cached
     cs = (
@@ -116,3 +118,26 @@ def _unheld(
     out = [c for c in order if c.name not in holds]
     self._unheld_cache[nr_key] = (order, n, out)
     return out
+
+
+def _allowed(
+    self: Scheduler,
+    a: _Action,
+    now: float,
+    rs: list[_Reservation],
+    runs: Runs,
+    c: ClusterState,
+) -> list[_Reservation] | None:
+    """``policy.gates.gap_allows`` for ``a`` (None: it may not start on ``c`` under
+    ``rs``; else the reservations whose EASY extra it uses up), with what the answer
+    read noted for the visit: the task's history (no declared estimate), and until when
+    on the clock it stands. An action with no estimate is never backfilled."""
+    if a.spec.estimate is None:
+        self._vhist = True  # an estimate from the task's history
+    est = self.estimate(a.task, a.spec.estimate)
+    if est is None:
+        return None
+    need, until = gap_allows(est, now, rs, runs, c)
+    if until < _INF:
+        self._note_window(c.name, until)
+    return need

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ..common import _INF, _POS
 from ..fit import uniform
 from ..index.records import _apply_due, _Class, _Eval
+from ..policy.gates import _any_gate_on
 
 if TYPE_CHECKING:
     from typing import Any
@@ -141,14 +142,9 @@ def _walk(
     resv = self._resv
     started = 0
     ver = v.ver
-    # Gates an admission can move (its counters): an answer is carried past one only
-    # if they answer as before.
-    gated = (
-        q.spec.action_concurrency is not None
-        or q.spec.max_resources is not None
-        or run_gates
-        or self.org.max_concurrent_actions is not None
-    )
+    # Gates an admission can move (every gate reads a counter it moves): an answer is
+    # carried past one only if they answer as before.
+    gated = _any_gate_on(q.spec, self.org)
     # (position, index, class, first member owed ``rr`` or -1, ``rr``): positions
     # are unique, so entries never compare past the first field.
     heap: list[tuple[int, int, _Class, int, Any]] = [
@@ -170,18 +166,10 @@ def _walk(
         if j0 >= 0:
             c.settle(j0, i, rr)
         a = c.m[i]
-        if resv and share:
-            b = alike.get((c.ck, c.run) if run_gates else c.ck)
-            if b is not None and b[0] == ver:
-                # An action alike but for its estimate got this answer, at this
-                # state, without reading a reservation: the fit would end as its
-                # did, for this estimate too. Recorded as the fit would have been.
-                g = b[5]
-                if g is not None:
-                    g.acts.append(a)
-                memo[key] = [ver, b[1], b[2], a, b[4], g, False]
-                opened.append((c, i, b[1], key))
-                continue
+        # (Where reservations stand: the class's key without its estimate.)
+        akey = ((c.ck, c.run) if run_gates else c.ck) if resv else None
+        if resv and share and _answer_alike(c, i, alike.get(akey), key, ver, memo, opened):
+            continue
         r = self._consider(q, a, v, now, out)
         if r is None:
             started += 1
@@ -191,18 +179,9 @@ def _walk(
                 self._carry(q, memo, ver, nv, a.cluster, gated)
         else:
             if v.ver == ver:
-                names = self._cnames if not a.env else None
-                m = memo[key] = [
-                    ver,
-                    r,
-                    names,
-                    a,
-                    None if names is None else self._cgate,
-                    self._crec,
-                    False,
-                ]
-                if resv and names is not None and not self._cread:
-                    alike[(c.ck, c.run) if run_gates else c.ck] = m
+                m = memo[key] = _answer_of(self, a, r, ver)
+                if resv and m[2] is not None and not self._cread:
+                    alike[akey] = m
                 # The member decided opens the stretch itself: one settle for it
                 # and the members that follow with the same answer, not two.
                 opened.append((c, i, r, key))
@@ -221,6 +200,36 @@ def _walk(
     if started:
         _drop_admitted(self, q, admitted)
     return started
+
+
+def _answer_alike(
+    c: _Class,
+    i: int,
+    b: list[Any] | None,
+    key: Any,
+    ver: int,
+    memo: dict[Any, list[Any]],
+    opened: list[tuple[_Class, int, Reason, Any]],
+) -> bool:
+    """``_walk``: member ``i`` of class ``c`` takes the answer ``b`` of a class alike but
+    for its estimate, if ``b`` was made at this state (``ver``) without reading a
+    reservation: the fit would end as its did, for this estimate too. Recorded as the
+    fit would have been. False: no such answer."""
+    if b is None or b[0] != ver:
+        return False
+    g = b[5]
+    if g is not None:
+        g.acts.append(c.m[i])
+    memo[key] = [ver, b[1], b[2], c.m[i], b[4], g, False]
+    opened.append((c, i, b[1], key))
+    return True
+
+
+def _answer_of(self: Scheduler, a: _Action, r: Reason, ver: int) -> list[Any]:
+    """``_walk``'s memo entry for ``a``'s answer ``r`` at state ``ver``, from what its
+    ``_consider`` left (see ``_walk``; an action of an environment is never carried)."""
+    names = self._cnames if not a.env else None
+    return [ver, r, names, a, None if names is None else self._cgate, self._crec, False]
 
 
 def _known(

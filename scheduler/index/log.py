@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..index.records import _LOG_MAX, _NO_CHANGE, _UNKNOWN
+from ..policy.gates import _org_gated
 
 if TYPE_CHECKING:
     from typing import Any
@@ -133,7 +134,7 @@ def _signature(self: Scheduler, q: _Queue) -> tuple[Any, ...]:
     """What a queue's visit depends on besides capacity (``_changes``), upstream
     holds and reservations, and the task history (``_Queue.hist_dep``)."""
     org = self.org
-    orgd = org.max_concurrent_actions is not None or org.max_concurrent_runs is not None
+    orgd = _org_gated(org)
     return (q.epoch, q.spec, self._env_epoch, self._org_epoch if orgd else 0)
 
 

@@ -18,7 +18,7 @@ from ..index.records import (
     _Visit,
 )
 from ..model import Algorithm
-from ..policy.gates import _reads_running
+from ..policy.gates import _org_gated, _reads_running, _reads_runs
 
 if TYPE_CHECKING:
     from typing import Any
@@ -39,11 +39,7 @@ def _classes_as_now(self: Scheduler, q: _Queue) -> bool:
         return True
     spec = q.spec
     algo = spec.algorithm
-    run_gates = (
-        spec.run_concurrency is not None
-        or spec.per_run_concurrency is not None
-        or self.org.max_concurrent_runs is not None
-    )
+    run_gates = _reads_runs(spec, self.org)
     reserving = algo is Algorithm.backfill or algo is Algorithm.easy
     return q.cls_mode == (bool(self._resv) or reserving, run_gates)
 
@@ -114,7 +110,7 @@ def _visit_tail(
     if self._vresv is not None:
         q.resv_rec = self._vresv
     org = self.org
-    orgd = org.max_concurrent_actions is not None or org.max_concurrent_runs is not None
+    orgd = _org_gated(org)
     if started:
         # As for a full visit that admitted work (see ``_pass``).
         if self._vfragile or orgd or _reads_running(q.spec):

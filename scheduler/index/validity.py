@@ -12,19 +12,31 @@ made) iff ``_skip_visit`` says so, from what the visit read and what moved since
 - then the answers themselves, re-checked only where those moved: ``_stands`` (and
   ``_still``, ``_held_still``, ``_evals_still`` behind it).
 
-The remembered answers shared by visits (clusters with room, placement orders, fits,
-projections) each carry the key they were made at (a capacity log position, the last
-hard change, a cluster's version, the clock): see docs/scheduler-internals.md.
+The remembered answers shared by visits each carry the key they were made at; the rules
+over those keys that are not the queue-visit check also live here:
+
+- ``_kept_since_hard``: what only a hard change moves (the healthy clusters of a
+  selector, ``_eligible_of``; the clusters that could hold a demand, ``_holdable``);
+- ``_projection_stands``: a cluster's projection (``_earliest_fit``), while the cluster's
+  version and the environments are as they were and the clock is in its window;
+- ``_note_window`` and ``_note_horizons``: what a visit read on a cluster stands until a
+  time on the clock (an estimated end, a backfill window closing), which is how a
+  queue's answers expire (``q.hz``, ``q.horizon``; ``_changed_since``).
+
+Others (clusters with room by capacity log position, placement orders, releases) are
+described in docs/scheduler-internals.md.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..common import _INF
 from .records import _NO_CHANGE, _UNKNOWN
 
 if TYPE_CHECKING:
     from ..core import Scheduler
+    from ..fit import ClusterState
     from ..truth import Admitted, _Queue
 
 
@@ -240,3 +252,48 @@ def _remake_effects(self: Scheduler, q: _Queue) -> None:
                 effects.append(p)
                 continue
             effects.append(("r", cname, r.time, r.head, ver, r))
+
+
+def _kept_since_hard(self: Scheduler, made_at: int) -> bool:
+    """Does an answer made at capacity log position ``made_at`` of the last hard change
+    still stand? Health, node shapes and the fleet move only with a hard change."""
+    return made_at == self._hard_at
+
+
+def _projection_stands(
+    self: Scheduler, entry: tuple[Any, ...], c: ClusterState, now: float
+) -> bool:
+    """Does a projection of ``c`` (``entry``: the cluster's version, the environment
+    epoch, the clock it was made at and its horizon, then the answer) stand at ``now``?
+    Only while ``c``'s capacity and the environments are as they were, and the clock is
+    between when it was made and its horizon (a running action reaching its estimated
+    end, a warm environment's teardown starting to move)."""
+    return bool(
+        entry[0] == c.version and entry[1] == self._env_epoch and entry[2] <= now <= entry[3]
+    )
+
+
+def _note_window(self: Scheduler, cname: str, until: float) -> None:
+    """What the visit in progress read on cluster ``cname`` stands until ``until`` on
+    the clock: the visit's horizon, and the cluster's (the earliest wins)."""
+    if until < self._horizon:
+        self._horizon = until
+    vhz = self._vhz
+    if until < vhz.get(cname, _INF):
+        vhz[cname] = until
+
+
+def _note_horizons(self: Scheduler, hz: dict[str, float], hmin: float) -> None:
+    """``_note_window`` for many clusters at once (``hz``; ``hmin`` its earliest)."""
+    if hmin < self._horizon:
+        self._horizon = hmin
+    vhz = self._vhz
+    if not vhz:
+        vhz.update(hz)
+        return
+    if vhz == hz:
+        # (Commonly so: a reservation made again reads the fits it read before.)
+        return
+    for n, h in hz.items():
+        if h < vhz.get(n, _INF):
+            vhz[n] = h

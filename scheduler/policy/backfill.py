@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..truth import _Action, _Queue
 
 
-_HOLD_PAIRS_MAX = 1024
+HOLD_PAIRS_MAX = 1024
 
 
 def _joint_extra(need: Sequence[_Reservation]) -> ClusterState:
@@ -55,7 +55,7 @@ def _holdable(
     reads one list until then, instead of asking each cluster again."""
     key = (sel, dkey)
     hit = self._holdables.get(key)
-    if hit is not None and hit[0] == self._hard_at:
+    if hit is not None and self._kept_since_hard(hit[0]):
         names: list[str] = hit[1]
         return names
     names = [c.name for c in elig if c.known and self._could(c, runs, dkey)]
@@ -67,7 +67,7 @@ def _hold_all(self: Scheduler, names: Sequence[str], head: str) -> None:
     """Hold each of ``names`` for ``head``, in order (a strict head holds many)."""
     by_head = self._hold_pairs.get(head)
     if by_head is None:
-        if len(self._hold_pairs) >= _HOLD_PAIRS_MAX:
+        if len(self._hold_pairs) >= HOLD_PAIRS_MAX:
             # Heads change as work starts: never let it grow unbounded.
             self._hold_pairs.clear()
         by_head = self._hold_pairs[head] = {}
@@ -242,22 +242,6 @@ def _scanned(
     return out
 
 
-def _note_horizons(self: Scheduler, hz: dict[str, float], hmin: float) -> None:
-    """Note clock horizons by cluster as ``_earliest_fit`` does (the earliest wins)."""
-    if hmin < self._horizon:
-        self._horizon = hmin
-    vhz = self._vhz
-    if not vhz:
-        vhz.update(hz)
-        return
-    if vhz == hz:
-        # (Commonly so: a reservation made again reads the fits it read before.)
-        return
-    for n, h in hz.items():
-        if h < vhz.get(n, _INF):
-            vhz[n] = h
-
-
 def _earliest_fit(
     self: Scheduler, c: ClusterState, runs: Runs, now: float, easy: bool, dkey: int
 ) -> tuple[float, ClusterState | None] | None:
@@ -269,22 +253,15 @@ def _earliest_fit(
         # Not for EASY: its extra depends on which nodes are free now (the head's
         # projected placement takes busy-now nodes first), which both moved.
         hit = self._carried(c, key, hit) or self._freed(c, key, hit, now)
-    if not easy and (
-        hit is None
-        or hit[0] != c.version
-        or hit[1] != self._env_epoch
-        or not hit[2] <= now <= hit[3]
-    ):
+    if not easy and (hit is None or not self._projection_stands(hit, c, now)):
         # EASY's projection places the demand the same way, only for real (on
         # scratch): its time, valid over the same window, is this answer too.
-        # Backfill and EASY queues asking for one demand project it once.
-        sib = fit_cache.get((c.index, dkey, True))
-        if (
-            sib is not None
-            and sib[0] == c.version
-            and sib[1] == self._env_epoch
-            and sib[2] <= now <= sib[3]
-        ):
+        # Backfill and EASY queues asking for one demand project it once. Not for a
+        # gang of unlike pods: EASY's placement puts a pod on a busy-now node among
+        # equals, which can leave no node for the next pod where the plain best fit
+        # finds one (reserving timeline 123 of the differential tests).
+        sib = fit_cache.get((c.index, dkey, True)) if dkey not in self._unlike else None
+        if sib is not None and self._projection_stands(sib, c, now):
             sres = sib[4]
             hit = fit_cache[key] = (
                 sib[0],
@@ -293,12 +270,7 @@ def _earliest_fit(
                 sib[3],
                 None if sres is None else (sres[0], None),
             )
-    if (
-        hit is not None
-        and hit[0] == c.version
-        and hit[1] == self._env_epoch
-        and hit[2] <= now <= hit[3]
-    ):
+    if hit is not None and self._projection_stands(hit, c, now):
         res = hit[4]
     else:
         outer = self._horizon
@@ -325,16 +297,10 @@ def _earliest_fit(
                 if inst.cluster == c.name and inst.nodes and inst.active:
                     horizon = min(horizon, _env_horizon(inst, now))
         self._fit_cache[key] = (c.version, self._env_epoch, now, horizon, res)
-        self._horizon = min(outer, horizon)
-        vhz = self._vhz
-        if horizon < vhz.get(c.name, _INF):
-            vhz[c.name] = horizon
+        self._horizon = outer
+        self._note_window(c.name, horizon)
         return res
-    if hit[3] < self._horizon:
-        self._horizon = hit[3]
-    vhz = self._vhz
-    if hit[3] < vhz.get(c.name, _INF):
-        vhz[c.name] = hit[3]
+    self._note_window(c.name, hit[3])
     # The cached EASY extra is shared: ``_reserve`` copies the one it keeps.
     cached: tuple[float, ClusterState | None] | None = res
     return cached

@@ -1,4 +1,4 @@
-"""``Scheduler._hold`` keeps the (cluster, head) pairs a visit records per head, from
+"""A blocked head's hold records: the scheduler keeps the (cluster, head) pairs a visit records per head, from
 pass to pass: a blocked strict head holds the same clusters every pass, and a full
 pass over many such queues would otherwise make thousands of new pairs (young objects
 for the collector to walk) to say the same thing.
@@ -19,6 +19,7 @@ from headway.scheduler import (
     QueueSpec,
     Scheduler,
 )
+from headway.scheduler.index.view import hold_records_kept
 from headway.scheduler.policy import backfill
 from headway.scheduler.resources import Pod
 
@@ -58,11 +59,11 @@ def test_a_blocked_head_records_the_same_pairs_every_pass() -> None:
 
 
 def test_the_pairs_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(backfill, "_HOLD_PAIRS_MAX", 2)
+    monkeypatch.setattr(backfill, "HOLD_PAIRS_MAX", 2)
     s = _fleet(3)
     s.schedule(0.0)
     # Three heads held; the pairs of at most two are kept at any time.
-    assert len(s._hold_pairs) <= 2
+    assert hold_records_kept(s) <= 2
     assert {s.reason(f"h{k}") for k in range(3)} == {"NoClusterCapacity"}
     for k in range(3):
         assert sorted(s.queues[f"s{k}"].last_holds) == [("a", f"h{k}"), ("b", f"h{k}")]

@@ -1,4 +1,4 @@
-"""``Scheduler._eligible``: a selector's healthy clusters are kept from visit to visit
+"""``index.view.healthy_clusters``: a selector's healthy clusters are kept from visit to visit
 and pass to pass, until a hard change (health, the fleet) makes them again.
 
 Clusters ``a`` and ``b`` of one node (16 CPU, 64Gi) each; queues ``p`` and ``q``
@@ -16,6 +16,7 @@ from headway.scheduler import (
     QueueSpec,
     Scheduler,
 )
+from headway.scheduler.index.view import healthy_clusters
 from headway.scheduler.resources import Pod
 
 GI = 2**30
@@ -34,17 +35,16 @@ def _fleet() -> Scheduler:
 
 def test_queues_of_one_selector_read_one_list_until_a_hard_change() -> None:
     s = _fleet()
-    p, q = s.queues["p"], s.queues["q"]
-    first = s._eligible(p)
+    first = healthy_clusters(s, "p")
     assert [c.name for c in first] == ["a", "b"]
-    assert s._eligible(q) is first
+    assert healthy_clusters(s, "q") is first
     s.set_cluster_health("a", False)
-    down = s._eligible(q)
+    down = healthy_clusters(s, "q")
     assert [c.name for c in down] == ["b"]
-    assert s._eligible(p) is down
+    assert healthy_clusters(s, "p") is down
     # Every cluster of the selector, healthy or not, is never the kept list.
-    assert [c.name for c in s._eligible(p, healthy_only=False)] == ["a", "b"]
-    assert s._eligible(p) is down
+    assert [c.name for c in healthy_clusters(s, "p", healthy_only=False)] == ["a", "b"]
+    assert healthy_clusters(s, "p") is down
 
 
 def test_a_cluster_down_takes_no_work_and_back_up_takes_it() -> None:
@@ -65,4 +65,4 @@ def test_a_restored_scheduler_keeps_a_down_cluster_out() -> None:
     s = _fleet()
     s.set_cluster_health("a", False)
     r = Scheduler.from_snapshot(s.to_snapshot())
-    assert [c.name for c in r._eligible(r.queues["p"])] == ["b"]
+    assert [c.name for c in healthy_clusters(r, "p")] == ["b"]

@@ -1,4 +1,4 @@
-"""``Scheduler._holdable``: where a strict head that finds no room anywhere holds (the
+"""``index.view.holdable_clusters``: where a strict head that finds no room anywhere holds (the
 known clusters of its selector whose node shapes could hold its demand), worked out
 once per selector and demand and kept until a hard change (health, node shapes, the
 fleet).
@@ -10,9 +10,6 @@ holds ``big`` only.
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
 from headway.scheduler import (
     ActionSpec,
     Algorithm,
@@ -22,6 +19,7 @@ from headway.scheduler import (
     QueueSpec,
     Scheduler,
 )
+from headway.scheduler.index.view import holdable_clusters, holds
 from headway.scheduler.resources import Pod
 
 GI = 2**30
@@ -49,45 +47,35 @@ def _fleet() -> Scheduler:
     return s
 
 
-def _count_could(s: Scheduler, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    calls: list[Any] = []
-    inner = s._could
-
-    def counted(c: Any, runs: Any, dkey: int) -> bool:
-        calls.append(c.name)
-        return inner(c, runs, dkey)
-
-    monkeypatch.setattr(s, "_could", counted)
-    return calls
-
-
-def test_blocked_heads_of_one_demand_read_one_list(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocked_heads_of_one_demand_read_one_list() -> None:
     s = _fleet()
-    calls = _count_could(s, monkeypatch)
     assert len(s.schedule(0.0)) == 2
-    # Both heads hold ``big`` only; the clusters were asked once, for the first head.
+    # Both heads hold ``big`` only, from one list made for the first head.
     for k in range(2):
         assert s.queues[f"s{k}"].last_holds == (("big", f"h{k}"),)
-    assert sorted(calls) == ["big", "small"]
-    assert s._holds == {"big": "h0"}
+    kept = holdable_clusters(s, "s0", "h0")
+    assert kept == ["big"]
+    assert holdable_clusters(s, "s1", "h1") is kept
+    assert holds(s) == {"big": "h0"}
     # And the list stands from pass to pass.
     s.invalidate()
     assert s.schedule(1.0) == []
-    assert len(calls) == 2
+    assert holdable_clusters(s, "s0", "h0") is kept
     assert s.queues["s1"].last_holds == (("big", "h1"),)
 
 
-def test_a_hard_change_asks_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hard_change_asks_again() -> None:
     s = _fleet()
     s.schedule(0.0)
     s.schedule(1.0)
-    calls = _count_could(s, monkeypatch)
+    before = holdable_clusters(s, "s0", "h0")
     # ``big`` goes down: the heads hold nothing there now (and nothing anywhere).
     s.set_cluster_health("big", False)
     s.invalidate()
     s.schedule(2.0)
-    assert calls == ["small"]
+    after = holdable_clusters(s, "s0", "h0")
+    assert after is not before and after == []
     for k in range(2):
         assert s.queues[f"s{k}"].last_holds == ()
-    assert s._holds == {}
+    assert holds(s) == {}
     assert s.reason("h0") == "NoClusterCapacity"

@@ -1,6 +1,7 @@
 """The gates' one table (``policy.gates.GATES``): its order is the reasons' order, each
-gate's limit is a knob that says it is read by that gate, and the index layer's
-shortcuts over the gates agree with what the table says each gate reads."""
+gate's limit is a knob that says it is read by that gate, ``_gate`` asks the table (a
+row changed there is what the pass asks), and what the index layer knows of the gates
+is what the table says each gate reads."""
 
 from __future__ import annotations
 
@@ -8,12 +9,22 @@ from dataclasses import fields, replace
 from typing import Any
 
 import pytest
+from headway.scheduler import ActionSpec, ClusterSpec, NodeGroup, Pod, Scheduler
 from headway.scheduler.model import QUEUE_KNOBS, OrgLimits, QueueSpec
-from headway.scheduler.policy.gates import GATES, Gate, _reads_running
+from headway.scheduler.policy import gates
+from headway.scheduler.policy.gates import (
+    GATES,
+    Gate,
+    _any_gate_on,
+    _org_gated,
+    _reads_running,
+    _reads_runs,
+    gates_on,
+)
 from headway.scheduler.reasons import GATE_ORDER, Reason
 from headway.scheduler.resources import Quota
 
-# A value that turns each limit on (the gate's own test of it is in test_rules.py).
+# A value that turns each limit on (each gate's rule is in test_concurrency_and_quotas.py).
 ON: dict[str, Any] = {
     "action_concurrency": 1,
     "run_concurrency": 1,
@@ -57,3 +68,39 @@ def test_an_end_revisits_a_queue_whose_gate_reads_its_running_work(gate: Gate) -
 
 def test_a_queue_with_no_limit_set_reads_no_running_work() -> None:
     assert not _reads_running(QueueSpec("q"))
+
+
+@pytest.mark.parametrize("gate", GATES, ids=lambda g: g.reason.value)
+def test_a_gate_is_on_exactly_when_its_limit_is_set(gate: Gate) -> None:
+    spec, org = QueueSpec("q"), OrgLimits()
+    if gate.scope == "queue":
+        spec = replace(spec, **{gate.limit: ON[gate.limit]})
+    else:
+        org = replace(org, **{gate.limit: ON[gate.limit]})
+    assert gates_on(spec, org) == [gate]
+    assert _reads_runs(spec, org) == ("runs" in gate.reads)
+    assert _org_gated(org) == (gate.scope == "org")
+    assert _any_gate_on(spec, org)
+    assert not _any_gate_on(QueueSpec("q"), OrgLimits())
+
+
+def test_the_pass_asks_the_table_in_its_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two rows that always fail, on limits that are set: the first row's reason is the
+    # action's, whatever the checks of the shipped table would say.
+    def always(*_: Any) -> bool:
+        return True
+
+    monkeypatch.setattr(
+        gates,
+        "GATES",
+        (
+            Gate(Reason.MaxResources, "action_concurrency", "queue", frozenset(), always),
+            Gate(Reason.ActionConcurrency, "action_concurrency", "queue", frozenset(), always),
+        ),
+    )
+    node = Pod(cpu=1000, memory=2**30)
+    s = Scheduler([ClusterSpec("c", (NodeGroup("n", 1, node),))], [QueueSpec("q")])
+    s.upsert_queue(QueueSpec("q", action_concurrency=5))
+    assert s.submit(ActionSpec("a", "q", (node,)), 0) is None
+    assert s.schedule(0) == []
+    assert s.reasons("a") == [Reason.MaxResources.value]
