@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 from collections.abc import Iterator
@@ -266,6 +267,12 @@ def _value_error_as_usage() -> Iterator[None]:
         raise click.UsageError(str(exc)) from None
 
 
+#: How long ``submit`` (without --wait) watches a new waiting action for its scheduler's
+#: first verdict: the first pass comes within tens of milliseconds of the lease on a
+#: healthy control plane; a slower one leaves the action reported as waiting.
+FIRST_VERDICT_S = 1.5
+
+
 @dataclass
 class _Batch:
     """One ``submit`` call's ids, what became of each, and how to report them."""
@@ -283,10 +290,23 @@ class _Batch:
     conflicts: list[str] = field(default_factory=list)
 
     async def go(self, client: Client) -> bool:
-        """Submit every id, then (with --wait) wait for each; False if one failed."""
+        """Submit every id, then (with --wait) wait for each; False if one failed.
+
+        Without --wait, a submission answered "waiting" is watched for up to
+        ``FIRST_VERDICT_S`` (all at once): a rejection of the scheduler's first pass
+        (``Unschedulable``: larger than any node the queue may use, or over its quota;
+        ``UnknownQueue`` for a tenant whose scheduler is new) is reported as one at the
+        door is, with its exit code, instead of "submitted"."""
         hw = HeadwayClient(client, tenant=self.tenant, ui_url=self.ui_url)
         actions = [a for one in self.ids if (a := await self._submit_one(hw, one)) is not None]
         if not self.wait:
+            late = await asyncio.gather(*(self._first_verdict(a) for a in actions))
+            for action, rejected in zip(actions, late, strict=True):
+                if rejected is None:
+                    _report(action, self.queue, as_json=self.as_json, waiting=False)
+                else:
+                    self.rejected.append(rejected)
+                    _report_rejected(rejected, as_json=self.as_json)
             return True
         ok = True
         for action in actions:
@@ -312,8 +332,24 @@ class _Batch:
             self.rejected.append(exc)
             _report_rejected(exc, as_json=self.as_json)
             return None
-        _report(action, self.queue, as_json=self.as_json, waiting=self.wait)
+        if self.wait:
+            _report(action, self.queue, as_json=self.as_json, waiting=True)
         return action
+
+    async def _first_verdict(self, action: Action) -> SubmissionRejected | None:
+        """The rejection of a new, waiting action by its scheduler's first pass, if it
+        comes within ``FIRST_VERDICT_S``; None: accepted (or still undecided)."""
+        if not action.created or action.state != "waiting":
+            return None
+        try:
+            result = await asyncio.wait_for(action.result(), FIRST_VERDICT_S)
+        except Exception:  # undecided within the time (or ended otherwise): as submitted
+            return None
+        if getattr(result, "state", None) != "rejected":
+            return None
+        return rejection(
+            self.tenant, action.id, self.queue, result.reason or "Rejected", result.message
+        )
 
     async def _wait_one(self, action: Action) -> bool:
         """Wait for one action and print how it ended; False if it did not succeed.

@@ -112,6 +112,22 @@ def test_unknown_queue_exits_3_with_the_reason_and_what_to_change(
     assert "what to change: create it (headway create queue nope)" in res.stderr
 
 
+def test_a_pod_larger_than_every_node_is_rejected_at_submit_without_wait(
+    stack: Stack, tenant: str
+) -> None:
+    # The door takes it in; the scheduler's first pass refuses it within moments, and
+    # submit reports that answer (exit 3), not "submitted".
+    ok(hw(stack, tenant, "create", "queue", "default"))
+    res = hw(stack, tenant, "submit", "--cpu", "100", "--memory", "1Gi", "--id", "big1")
+    answered(res)
+    assert res.exit_code == 3, res.output
+    assert res.stdout == ""
+    assert "rejected big1 (Unschedulable)" in res.stderr, res.stderr
+    # A submission that fits is still "submitted", exit 0.
+    res = ok(submit(stack, tenant, "--id", "fits1", "--duration", "0"))
+    assert "submitted fits1 to queue 'default'" in res.stdout
+
+
 def test_draining_queue_exits_3(stack: Stack, tenant: str) -> None:
     ok(hw(stack, tenant, "create", "queue", "closing"))
     ok(hw(stack, tenant, "drain", "queue", "closing"))
