@@ -18,9 +18,12 @@ and, from the scheduler workflow's history, what each of its workflow tasks wait
 Prints per-step percentiles and one JSON line last. Measurement only: the steps are
 timed by wrapping the store's and the dispatch activity's inner calls in this process.
 
-``--ab`` runs a second tenant, ``bench-head``, whose scheduler delivers as before patch
-``hand-over-first`` (its loop awaits a local dispatch that signals the batch), round by
-round in mirrored order with ``bench``, on the same server and workers:
+``--ab`` runs a second tenant, ``bench-head``, as before issue #26's changes (its
+scheduler delivers as before patch ``hand-over-first``: its loop awaits a local dispatch
+that signals the batch; it is started with its actions' priority, not
+``scheduler_priority``; its actions' first task waits 0.25 s for the admission, not
+``ANSWER_WAIT_S``), round by round in mirrored order with ``bench``, on the same server
+and workers:
 ``rate_new_over_head`` is the median of the per-round rate ratios. ``--timeline FILE``
 writes every timed event (activity calls, nudges, the schedulers' history events) and
 each action's steps, in time order.
@@ -160,6 +163,27 @@ def _instrument() -> None:
     WorkflowHandle.signal = timed_signal  # type: ignore[method-assign,assignment]
 
 
+#: The first task's wait for its admission when the submitter waits for the answer,
+#: before issue #26's change (``headway.workflows.action.ANSWER_WAIT_S`` was 0.25 s).
+HEAD_ANSWER_WAIT_S = 0.25
+
+
+def _set_wait(waits: dict[str, float]) -> None:
+    """Measurement only: the first task of the actions of each tenant in ``waits`` waits
+    that long for its admission in-process (``put_lease_wait``), whatever the action
+    asked for (0: it asked not to wait, and does not)."""
+    cls = store_acts.StoreActivities
+    orig = cls.put_lease_wait
+
+    async def waits_longer(self: Any, inp: Any) -> Any:
+        if inp.tenant in waits and inp.wait_s > 0:
+            inp.wait_s = waits[inp.tenant]
+        return await orig(self, inp)
+
+    waits_longer.__temporal_activity_definition = orig.__temporal_activity_definition  # type: ignore[attr-defined]
+    cls.put_lease_wait = waits_longer  # type: ignore[method-assign]
+
+
 def _head_side() -> None:
     """Measurement only: tenants named ``*-head`` get the delivery of the commit before
     ``hand-over-first`` (the loop awaits a local dispatch that signals its batch), for a
@@ -175,6 +199,23 @@ def _head_side() -> None:
             self._hand_over = False
 
     SchedulerWorkflow.__init__ = head_init  # type: ignore[method-assign]
+
+
+async def _start_head_scheduler(client: Client, tenant: str, fleet: Any) -> None:
+    """The head side's scheduler, started as before ``protocol.scheduler_priority``: with
+    its actions' priority (the tenant's fairness key alone)."""
+    from headway.workflows.scheduler import SchedulerWorkflow
+    from headway.workflows.shared import SchedulerInput
+    from temporalio.common import WorkflowIDConflictPolicy
+
+    await client.start_workflow(
+        SchedulerWorkflow.run,
+        SchedulerInput(tenant=tenant, fleet=[c.to_dict() for c in fleet]),
+        id=protocol.scheduler_workflow_id(tenant),
+        task_queue=protocol.CONTROL_TASK_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        priority=protocol.tenant_priority(tenant),
+    )
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -310,13 +351,24 @@ async def main() -> None:
         action="store_true",
         help="alternate with a tenant whose scheduler delivers as before hand-over-first",
     )
+    ap.add_argument(
+        "--wait-s",
+        type=float,
+        default=None,
+        help="experiment: the first task of tenant bench's actions waits this long for its"
+        " admission (the action asks ANSWER_WAIT_S when its submitter waits for the answer)",
+    )
     args = ap.parse_args()
     from _common import big_fleet, calib_us, start_server  # type: ignore[import-not-found]
     from e2e_throughput import side_workers, wait_control_pollers  # type: ignore[import-not-found]
 
     _instrument()
+    waits = {} if args.wait_s is None else {"bench": args.wait_s}
     if args.ab:
         _head_side()
+        waits["bench-head"] = HEAD_ANSWER_WAIT_S
+    if waits:
+        _set_wait(waits)
     calib_start = calib_us()
     sdk_fastpath.install()
     env = await start_server()
@@ -334,6 +386,8 @@ async def main() -> None:
             set_young_threshold()
             await wait_control_pollers(client, 1)
             for tenant in tenants:
+                if tenant.endswith("-head"):
+                    await _start_head_scheduler(client, tenant, fleet)
                 await hw.upsert_queue(client, tenant, {"name": "bench"}, fleet)
                 await headway_round(client, args.n, tenant, f"{tenant}-warm")
             since = time.time()
