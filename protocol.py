@@ -69,6 +69,23 @@ def tenant_priority(tenant: str) -> Priority:
     return Priority(fairness_key=tenant[:64])
 
 
+#: Priority key of a tenant's scheduler workflow (1 is the highest; unset, as on actions,
+#: is 3). Its workflow tasks and activities (syncs, dispatches) are the admission path of
+#: every action of the tenant, a few per hundred actions; in the control plane's queues
+#: (the sticky one of the worker included) they go ahead of the actions' own tasks, which
+#: under load were seen to hold them back by up to ~1-2 s (issue #26,
+#: ``bench/trace_admission.py``).
+SCHEDULER_PRIORITY_KEY = 1
+
+
+def scheduler_priority(tenant: str) -> Priority:
+    """A scheduler workflow's priority: ``SCHEDULER_PRIORITY_KEY``, within its tenant's
+    fairness key (``tenant_priority``)."""
+    from temporalio.common import Priority
+
+    return Priority(priority_key=SCHEDULER_PRIORITY_KEY, fairness_key=tenant[:64])
+
+
 #: Dynamic config a Temporal server needs for ``tenant_priority`` to act (the dev servers
 #: Headway starts pass it; on a self-hosted cluster, set it in its dynamic config).
 SERVER_DYNAMIC_CONFIG: tuple[str, ...] = ("matching.enableFairness=true",)

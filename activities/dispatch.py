@@ -8,7 +8,10 @@ and the scheduler pays three events per batch.
 
 Admissions of actions still waiting in their first workflow task on this worker
 (``AdmissionWaiters``) are recorded in the store and handed over in-process instead of
-signalled: the action then needs no workflow task of its own for the admission.
+signalled: the action then needs no workflow task of its own for the admission. A batch
+marked ``hand_over_only`` does only that (a local activity the scheduler's loop awaits:
+milliseconds) and returns the rest unsent, for a regular dispatch to signal while the
+loop goes on.
 """
 
 from __future__ import annotations
@@ -67,6 +70,11 @@ class DispatchActivities:
         harmless. An action whose workflow no longer runs is reported ``gone`` so the
         scheduler releases what it reserved for it.
         """
+        if batch.hand_over_only and (batch.rejections or batch.probe):
+            raise ValueError(
+                f"hand_over_only: a batch with {len(batch.rejections)} rejection(s) and "
+                f"{len(batch.probe)} probe(s); it carries admissions only"
+            )
         sem = self._sem
         gone: list[str] = []
         admissions = batch.admissions
@@ -84,6 +92,8 @@ class DispatchActivities:
                     a.admission.action_id for a in local if waiters.take(batch.tenant, a.admission)
                 }
                 admissions = [a for a in admissions if a.admission.action_id not in handed]
+        if batch.hand_over_only:
+            return DispatchResult(unsent=[a.admission.action_id for a in admissions])
 
         fair = self.fairness
         pace_until: float | None = None

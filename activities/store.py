@@ -261,7 +261,7 @@ class StoreActivities:
             start_signal=NUDGE_SIGNAL,
             start_signal_args=[channel],
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            priority=protocol.tenant_priority(tenant),
+            priority=protocol.scheduler_priority(tenant),
         )
 
     async def _put(self, inp: PutLeaseInput) -> Put:

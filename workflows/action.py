@@ -111,9 +111,16 @@ SEARCH_ATTRIBUTE_KEYS: list[SearchAttributeKey[Any]] = [*SA.values(), REASONS_SA
 #: How long the first task's local activity waits for the admission in-process.
 ADMIT_WAIT_S = 2.0
 #: The same when the submitter waits for the answer (the ``submitted`` update): the
-#: answer goes out only when the first task completes, so the wait is kept short. An
-#: admission with room free comes within it (nudge, sync, pass, dispatch: tens of ms).
-ANSWER_WAIT_S = 0.25
+#: answer goes out only when the first task completes, so the wait is kept shorter. An
+#: admission with room free comes within it on an idle control plane (nudge, sync, pass,
+#: dispatch: tens of ms), but on a loaded one the path took 0.2-1 s (issue #26,
+#: ``bench/trace_admission.py``): at 0.25 s, 60-90 % of actions missed it, and each
+#: then cost an admission signal and a workflow task more, which on a CPU-bound machine
+#: is throughput. At 1 s (with the scheduler's ``hand-over-first``), 97.5 % were handed
+#: over and the shard ran 1.34x as many actions per second as the code before beside it
+#: on the same server (median of 4 rounds). When work waits in the shard
+#: (``wants-ends``) the first task does not wait at all.
+ANSWER_WAIT_S = 1.0
 
 #: Update on the action workflow: the submission's answer (``SubmitAnswer``), given as
 #: soon as the door decided; the client sends it with the start (update-with-start).

@@ -456,7 +456,7 @@ async def ensure_scheduler(
         id=protocol.scheduler_workflow_id(tenant),
         task_queue=protocol.CONTROL_TASK_QUEUE,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        priority=protocol.tenant_priority(tenant),
+        priority=protocol.scheduler_priority(tenant),
     )
 
 

@@ -22,6 +22,15 @@ events; it never polls. Temporal's limits shape everything here:
   batches up to ``LOCAL_DISPATCH_MAX``, so a small pass costs one workflow task), at most
   ``MAX_DISPATCH_INFLIGHT`` at a time; while they run, new decisions accumulate into the
   next batch. The workflow thus stays far below 2,000 pending outbound operations.
+* **Hand over first, signal off the loop** (patch ``hand-over-first``). A serial run
+  awaits each local activity, so a local dispatch that signals its batch held the loop
+  (and the workflow task, and every nudge behind it) for as long as those signals took:
+  measured (``bench/trace_admission.py``), 0.2-2 s per iteration for 10-80 admissions
+  on a loaded machine, enqueue-to-admission p50 ~1.7 s, and most actions' first-task
+  wait for their admission (0.25 s) ran out, so each then cost a signal and a workflow
+  task more. Now the loop's local activity only hands admissions over to the actions
+  still waiting on this worker (milliseconds); the rest go to a regular dispatch that
+  signals them while the loop takes its next nudge.
 * **Continue-as-new** when Temporal suggests it (or the history passes
   ``MAX_HISTORY``), after in-flight dispatches drained and all handlers finished; the
   core snapshot plus the small loop state (seq counter, store cursors, reaper clock) is
@@ -115,6 +124,10 @@ MAX_DISPATCH_INFLIGHT = 4
 #: Batches up to this size (and without probes) are dispatched by a *local* activity in
 #: the pass's own workflow task: no activity task round trip, no extra workflow task.
 LOCAL_DISPATCH_MAX = 100
+#: Admissions decided within this long of their action's submission are offered to the
+#: action's first-task waiter (``hand-over-first``); that wait is at most the action's
+#: ``ADMIT_WAIT_S`` (2 s), so older ones go to the signalling dispatch directly.
+OFFER_WITHIN_S = 2.0
 #: Undelivered decisions above which window refills pause.
 MAX_UNDELIVERED = DISPATCH_BATCH * MAX_DISPATCH_INFLIGHT
 #: Running actions are probed for a vanished workflow after this long, then again.
@@ -199,6 +212,11 @@ class SchedulerWorkflow:
         self._serial = workflow.patched("serial-inputs")
         # Syncs of its own accord (SAFETY_SYNC_BUSY_S); serial runs recorded before not.
         self._safety = self._serial and workflow.patched("safety-sync")
+        # Delivery hands admissions over first and signals the rest off the loop (see
+        # "Hand over first" above); serial runs recorded before dispatch locally.
+        self._hand_over = self._serial and workflow.patched("hand-over-first")
+        # How many of the undelivered admissions (from the front) were offered already.
+        self._offered = 0
         # The fleet is part of the stored configuration (the cluster registry: clusters
         # registered live, and those of the worker's fleet file), reloaded by a fresh
         # run; runs recorded before push only queues and org limits.
@@ -279,6 +297,8 @@ class SchedulerWorkflow:
             "clusters_down": 0,
             # Syncs of a serial run's own accord (SAFETY_SYNC_BUSY_S).
             "safety_syncs": 0,
+            # Admissions handed over in-process to their action's first task.
+            "handed_over": 0,
         }
 
     # --- inbound: signals -----------------------------------------------------------
@@ -1081,7 +1101,14 @@ class SchedulerWorkflow:
     async def _deliver(self, now: float) -> None:
         """Deliver what is decided (serial runs): a small batch by a local activity the
         loop awaits, a big one (or a probe) by a regular activity left running. A batch
-        that finds workflows gone frees their room: the pass runs again."""
+        that finds workflows gone frees their room: the pass runs again.
+
+        ``hand-over-first``: the loop only hands admissions over (a local activity), and
+        regular dispatches signal the rest."""
+        if self._hand_over:
+            await self._hand_over_fresh(now)
+            self._launch_dispatches(local_ok=False)
+            return
         while (self._out_admit or self._out_reject) and self._inflight < MAX_DISPATCH_INFLIGHT:
             batch = self._next_batch()
             if not self._small(batch) or not workflow.patched("local-dispatch"):
@@ -1095,9 +1122,38 @@ class SchedulerWorkflow:
                 self._forget_gone(res.gone, now)
                 self._decide(now)
 
+    async def _hand_over_fresh(self, now: float) -> None:
+        """Offer the admissions not offered yet whose action may still wait for it in its
+        first workflow task (decided within ``OFFER_WITHIN_S`` of its submission) to
+        that waiter, by local activities of at most ``LOCAL_DISPATCH_MAX``; the ones
+        handed over are delivered. Needs no dispatch slot: an action's waiter runs out
+        while signals queue."""
+        fresh = [a for a in self._out_admit[self._offered :] if self._young(a, now)]
+        self._offered = len(self._out_admit)
+        handed: set[str] = set()
+        for i in range(0, len(fresh), LOCAL_DISPATCH_MAX):
+            chunk = fresh[i : i + LOCAL_DISPATCH_MAX]
+            batch = DispatchBatch(self._tenant, chunk, hand_over_only=True)
+            res = await _activity(
+                DISPATCH_ACTIVITY, batch, DispatchResult, local=True, timeout_s=30
+            )
+            unsent = set(res.unsent)
+            handed.update(
+                a.admission.action_id for a in chunk if a.admission.action_id not in unsent
+            )
+        if handed:
+            self._out_admit = [a for a in self._out_admit if a.admission.action_id not in handed]
+            self._offered = len(self._out_admit)
+            self._stats["handed_over"] += len(handed)
+
+    def _young(self, item: AdmitItem, now: float) -> bool:
+        a = self._core.actions.get(item.admission.action_id)
+        return a is not None and now - a.spec.submit <= OFFER_WITHIN_S
+
     def _next_batch(self) -> DispatchBatch:
         admit = self._out_admit[:DISPATCH_BATCH]
         del self._out_admit[:DISPATCH_BATCH]
+        self._offered = max(0, self._offered - len(admit))
         reject = self._out_reject[: DISPATCH_BATCH - len(admit)]
         del self._out_reject[: len(reject)]
         return DispatchBatch(self._tenant, admit, reject)

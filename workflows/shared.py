@@ -238,6 +238,10 @@ class DispatchBatch:
     #: ``[action_id, workflow_id]`` of running actions the reaper wants checked: any whose
     #: workflow is no longer running comes back ``gone``.
     probe: list[list[str]] = field(default_factory=list)
+    #: Signal nothing: hand each admission whose action still waits in its first workflow
+    #: task on this worker over in-process, and return the others as ``unsent`` (the
+    #: scheduler signals them by a regular dispatch, off its loop). Admissions only.
+    hand_over_only: bool = False
 
 
 @dataclass
@@ -252,6 +256,8 @@ class SyncOutput:
 
 @dataclass
 class DispatchResult:
-    """Action ids whose workflows no longer exist (their reservations must be released)."""
+    """Action ids whose workflows no longer exist (their reservations must be released),
+    and (``DispatchBatch.hand_over_only``) those not handed over, to be signalled."""
 
     gone: list[str] = field(default_factory=list)
+    unsent: list[str] = field(default_factory=list)

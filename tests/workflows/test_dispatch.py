@@ -1,13 +1,18 @@
-"""The dispatch activity against a fake client: the worker-wide signal budget, gone actions."""
+"""The dispatch activity against a fake client: the worker-wide signal budget, gone actions,
+hand-over-only batches."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
+import pytest
 from headway.activities.dispatch import DispatchActivities
+from headway.activities.store import AdmissionWaiters
 from headway.protocol import Admission
+from headway.store import LeaseStore
 from headway.workflows.shared import AdmitItem, DispatchBatch
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
@@ -63,3 +68,32 @@ async def test_a_workflow_that_no_longer_runs_comes_back_gone() -> None:
     res = await ActivityEnvironment().run(acts.dispatch, batch("t", ["x", "missing-y"]))
     assert res.gone == ["missing-y"]
     assert fake.signalled == ["x"]
+
+
+async def test_hand_over_only_hands_waiting_admissions_over_and_returns_the_rest_unsent(
+    tmp_path: Path,
+) -> None:
+    fake = FakeTemporal(delay=0)
+    store = LeaseStore(f"sqlite:///{tmp_path}/leases.db")
+    waiters = AdmissionWaiters()
+    acts = DispatchActivities(cast(Client, fake), store=store, waiters=waiters)
+    fut = waiters.add("t", "w")
+    assert fut is not None
+    only = DispatchBatch(
+        "t", [AdmitItem(i, Admission(i, "c1")) for i in ("w", "x", "y")], hand_over_only=True
+    )
+    try:
+        res = await ActivityEnvironment().run(acts.dispatch, only)
+        assert res.unsent == ["x", "y"]
+        assert fut.result().action_id == "w"
+        assert store.admission("t", "w") is not None  # durable before handed over
+        assert fake.signalled == []  # the rest are signalled by a regular dispatch
+    finally:
+        store.close()
+
+
+async def test_hand_over_only_refuses_rejections_and_probes() -> None:
+    acts = DispatchActivities(cast(Client, FakeTemporal()))
+    bad = DispatchBatch("t", probe=[["a", "wf-a"]], hand_over_only=True)
+    with pytest.raises(ValueError, match="hand_over_only: a batch with 0 rejection"):
+        await ActivityEnvironment().run(acts.dispatch, bad)

@@ -74,6 +74,9 @@ def load(name: str) -> WorkflowHistory:
         # when a worker returned (``make_handback_histories``).
         "action_handback_rev5",
         "action_handback_dead_rev5",
+        # ... and delivery that hands admissions over first (a local activity) and
+        # signals the rest by regular dispatches (patch ``hand-over-first``, issue #26).
+        "scheduler_handover",
     ],
 )
 async def test_checked_in_histories_replay(name: str) -> None:
