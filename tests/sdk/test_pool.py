@@ -224,7 +224,8 @@ async def test_each_call_in_a_pool_process_sees_its_own_pods_environment(tmp_pat
     assert (solo["RANK"], solo["WORLD_SIZE"], solo["COLOUR"]) == ("0", "1", "green")
     for e in [*gang, solo]:
         assert (e["MASTER_ADDR"], e["LOCAL_RANK"], e["FLAVOUR"]) == ("127.0.0.1", "0", "mint")
-        assert e["MASTER_PORT"] == str(master_port(e["HEADWAY_ACTION_ID"]))
+        # The port is per tenant and action (the request's tenant is "t1").
+        assert e["MASTER_PORT"] == str(master_port(f"t1/{e['HEADWAY_ACTION_ID']}"))
     assert "MINE" not in os.environ  # the worker's own environment is untouched
 
 

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from headway.activities.backends.base import pod_name
 from headway.protocol import ActionEventKind as K
 from headway.protocol import PodSpec
 from headway.tests.cluster.helpers import collect_until_terminal, request, sim
@@ -56,7 +57,7 @@ async def test_the_pod_runs_the_task_and_its_outcome_is_the_terminal_events(tmp_
         assert (bad.kind, bad.exit_code, bad.message) == (K.FAILED, 1, "ValueError: negative: -1")
         assert json.loads(bad.output or "")["error"]["type"] == "ValueError"
         assert (tmp_path / "ran-21").read_text() == "0\n"  # once, as rank 0
-        log = tmp_path / "state" / "tasks-c1" / "hw-bad-main-0.log"
+        log = tmp_path / "state" / "tasks-c1" / f"{pod_name('bad', 'main', 0, 't1')}.log"
         assert "ValueError: negative: -1" in log.read_text()
     finally:
         await b.close()
