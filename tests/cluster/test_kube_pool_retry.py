@@ -1,0 +1,148 @@
+"""Exactly once for a reusable environment's action on Kubernetes (issue #25): a retried
+dispatch of an action that runs as a call in its environment's pool never runs the call
+a second time.
+
+As in ``test_exactly_once``, one dispatch is played through Temporal's
+ActivityEnvironment: attempt 1 runs until its call runs in a pool pod, then times out
+(its worker went silent). The retry runs on the same backend (the worker is alive: it
+adopts the call) or on a fresh one (the worker restarted: the call is gone with its
+connection, and the retry reports the work lost). The fake API server's kubelet runs the
+pool pods' processes for real; each call of the task appends a line to a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from headway.activities.backends.kube_pool import POOL_LABEL
+from headway.activities.backends.kubernetes import KubernetesBackend
+from headway.activities.cluster import POD_LOST, ClusterActivities
+from headway.protocol import ActionEventKind as K
+from headway.protocol import DispatchRequest, PodSpec
+from kubernetes import client as k8s
+from temporalio.activity import ActivityCancellationDetails
+
+from .fake_kube import FakeKube
+from .helpers import GI, Recorder, attempt_env, pod_of, request
+from .test_kubernetes import NS, add_node
+
+MODULE = """\
+import asyncio, os
+import headway
+
+env = headway.TaskEnvironment(
+    name="kretry",
+    reusable=headway.ReusePolicy(replicas=1, concurrency=2, idle_ttl=30),
+)
+
+@env.task
+async def once(log: str, go: str) -> int:
+    with open(log, "a") as f:
+        f.write(os.environ["HEADWAY_ACTION_ID"] + "\\n")
+    while not os.path.exists(go):
+        await asyncio.sleep(0.05)
+    return os.getpid()
+"""
+
+
+def pooled_request(root: Path, action: str) -> DispatchRequest:
+    inputs = {"log": str(root / "calls.log"), "go": str(root / "go")}
+    command = ["python", "-m", "headway.sdk.run", "--module", "kretrytask", "--task", "once"]
+    command += ["--root", str(root), "--action", action, "--run", "r", "--address", "x:1"]
+    command += ["--pool", "kretry", "--pool-replicas", "1", "--pool-concurrency", "2"]
+    command += ["--pool-idle-ttl", "30", "--inputs", json.dumps(inputs)]
+    req = request(
+        action,
+        [PodSpec(role="main", index=0, cpu_m=1000, memory=GI, image="python", command=command)],
+    )
+    req.namespace = NS
+    return req
+
+
+async def pooled_backend(api_client: k8s.ApiClient) -> KubernetesBackend:
+    b = KubernetesBackend(
+        "c1",
+        namespace=NS,
+        api_client=api_client,
+        backoff_initial_s=0.05,
+        backoff_max_s=0.2,
+        pool_listen="127.0.0.1:0",
+    )
+    await b.start()
+    return b
+
+
+@pytest_asyncio.fixture
+async def kubelet(kube: FakeKube, tmp_path: Path) -> AsyncIterator[FakeKube]:
+    await add_node(kube, "n1", cpu="8", memory="32Gi")
+    stop = asyncio.Event()
+    task = asyncio.create_task(kube.run_kubelet(stop, tmp_path))
+    try:
+        yield kube
+    finally:
+        stop.set()
+        await task
+
+
+def pool_posts(kube: FakeKube) -> int:
+    return sum(
+        1
+        for _, plural, kind, obj in kube.log
+        if (plural, kind) == ("pods", "ADDED") and POOL_LABEL in obj["metadata"]["labels"]
+    )
+
+
+@pytest.mark.parametrize("restarted", [False, True])
+async def test_a_retried_pooled_action_never_runs_its_call_twice(
+    kubelet: FakeKube, api_client: k8s.ApiClient, tmp_path: Path, restarted: bool
+) -> None:
+    (tmp_path / "kretrytask.py").write_text(MODULE)
+    req = pooled_request(tmp_path, "p1")
+    first = await pooled_backend(api_client)
+    second = first
+    try:
+        beats: list[Any] = []
+        rec1 = Recorder()
+        env1 = attempt_env(1, beats=beats)
+        acts1 = ClusterActivities(first, signaler=rec1, heartbeat_s=0.05)
+        task = asyncio.create_task(env1.run(acts1.run_action, req))
+        running = await rec1.wait_for(K.RUNNING, timeout=60)
+        assert running.pod == pod_of("p1")
+        for _ in range(600):  # the call has begun in the pool pod's process
+            if (tmp_path / "calls.log").exists():
+                break
+            await asyncio.sleep(0.05)
+        env1.cancel(ActivityCancellationDetails(timed_out=True))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        if restarted:
+            await first.close()  # its pools torn down, their connections closed
+            second = await pooled_backend(api_client)
+        posts = pool_posts(kubelet)
+        rec2 = Recorder()
+        acts2 = ClusterActivities(second, signaler=rec2, heartbeat_s=0.05)
+        task2 = asyncio.create_task(attempt_env(2, [beats[-1]]).run(acts2.run_action, req))
+        if not restarted:
+            await rec2.wait_for(K.RUNNING)  # the running call, adopted
+        (tmp_path / "go").touch()
+        result = await asyncio.wait_for(task2, 30)
+        if restarted:
+            assert result.kind is POD_LOST, result
+            assert result.message.startswith(
+                f"PodLost: pod {pod_of('p1')}, created by an earlier attempt, is gone"
+            )
+        else:
+            assert result.kind is K.SUCCEEDED, result
+        # The call ran once: the retry started nothing, not even a pool pod.
+        assert (tmp_path / "calls.log").read_text().splitlines() == ["p1"]
+        assert pool_posts(kubelet) == posts == 1
+    finally:
+        await second.close()
+        if second is not first:
+            await first.close()
