@@ -907,7 +907,14 @@ class KubernetesBackend:
     async def live_view(
         self, req: DispatchRequest
     ) -> tuple[list[NodeCapacity], list[PodSpec]] | None:
-        """``free_nodes`` for the request's pods (the tolerations they are created with)."""
+        """``free_nodes`` for the request's pods (the tolerations they are created with).
+
+        None for a reusable environment's action: it creates no pod (its call runs in its
+        pool, whose room the scheduler counts once); a pool whose pods find no room fails
+        its calls after the pools' connect timeout instead.
+        """
+        if pooled_shape(req) is not None:
+            return None
         bodies = build_pods(
             req,
             self.namespace_of(req),

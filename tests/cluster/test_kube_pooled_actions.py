@@ -1,6 +1,7 @@
-"""Exactly once for a reusable environment's action on Kubernetes (issue #25): a retried
-dispatch of an action that runs as a call in its environment's pool never runs the call
-a second time.
+"""A reusable environment's action on Kubernetes (issue #25), run by the activities as a
+call in its environment's pool: a retried dispatch never runs the call a second time, the
+arbiter does not hand it back for the room its pool holds, and cancelling the action
+cancels its call.
 
 As in ``test_exactly_once``, one dispatch is played through Temporal's
 ActivityEnvironment: attempt 1 runs until its call runs in a pool pod, then times out
@@ -146,3 +147,30 @@ async def test_a_retried_pooled_action_never_runs_its_call_twice(
         await second.close()
         if second is not first:
             await first.close()
+
+
+async def test_a_pooled_action_is_not_handed_back_for_the_room_its_pool_holds(
+    kube: FakeKube, api_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    # One CPU: the pool's one pod takes all of it; later actions run in that pod.
+    await add_node(kube, "n1", cpu="1", memory="32Gi")
+    stop = asyncio.Event()
+    kubelet = asyncio.create_task(kube.run_kubelet(stop, tmp_path))
+    (tmp_path / "kretrytask.py").write_text(MODULE)
+    (tmp_path / "go").touch()
+    b = await pooled_backend(api_client)
+    try:
+        acts = ClusterActivities(b, signaler=Recorder(), heartbeat_s=0.05, cleanup=True)
+        results = []
+        for i, action in enumerate(["h1", "h2"]):
+            req = pooled_request(tmp_path, action)
+            req.handback = True
+            env = attempt_env(1, activity_id=str(i))
+            results.append(await asyncio.wait_for(env.run(acts.run_action, req), 60))
+        assert [r.kind for r in results] == [K.SUCCEEDED, K.SUCCEEDED], results
+        assert (tmp_path / "calls.log").read_text().splitlines() == ["h1", "h2"]
+        assert pool_posts(kube) == 1
+    finally:
+        await b.close()
+        stop.set()
+        await kubelet
