@@ -46,8 +46,13 @@ env = headway.TaskEnvironment(
 async def once(log: str, go: str) -> int:
     with open(log, "a") as f:
         f.write(os.environ["HEADWAY_ACTION_ID"] + "\\n")
-    while not os.path.exists(go):
-        await asyncio.sleep(0.05)
+    try:
+        while not os.path.exists(go):
+            await asyncio.sleep(0.05)
+    except asyncio.CancelledError:
+        with open(log + ".cancelled", "a") as f:
+            f.write(os.environ["HEADWAY_ACTION_ID"] + "\\n")
+        raise
     return os.getpid()
 """
 
@@ -174,3 +179,39 @@ async def test_a_pooled_action_is_not_handed_back_for_the_room_its_pool_holds(
         await b.close()
         stop.set()
         await kubelet
+
+
+async def test_cancelling_a_pooled_action_cancels_its_call_and_the_pool_serves_on(
+    kubelet: FakeKube, api_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    (tmp_path / "kretrytask.py").write_text(MODULE)
+    b = await pooled_backend(api_client)
+    try:
+        rec = Recorder()
+        acts = ClusterActivities(b, signaler=rec, heartbeat_s=0.05)
+        env = attempt_env(1, activity_id="1")
+        task = asyncio.create_task(env.run(acts.run_action, pooled_request(tmp_path, "c1")))
+        await rec.wait_for(K.RUNNING, timeout=60)
+        for _ in range(600):  # the call has begun in the pool pod's process
+            if (tmp_path / "calls.log").exists():
+                break
+            await asyncio.sleep(0.05)
+        env.cancel()  # the action cancelled: its pods (here: its call) deleted
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        cancelled = tmp_path / "calls.log.cancelled"
+        for _ in range(600):
+            if cancelled.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert cancelled.read_text().splitlines() == ["c1"]
+        assert not rec.kinds().count(K.SUCCEEDED)
+        # The pool's pod goes on serving the environment's next action.
+        (tmp_path / "go").touch()
+        env2 = attempt_env(1, activity_id="2")
+        done = await asyncio.wait_for(env2.run(acts.run_action, pooled_request(tmp_path, "c2")), 60)
+        assert done.kind is K.SUCCEEDED, done
+        assert (tmp_path / "calls.log").read_text().splitlines() == ["c1", "c2"]
+        assert pool_posts(kubelet) == 1
+    finally:
+        await b.close()
