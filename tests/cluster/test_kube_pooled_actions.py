@@ -71,7 +71,7 @@ def pooled_request(root: Path, action: str) -> DispatchRequest:
     return req
 
 
-async def pooled_backend(api_client: k8s.ApiClient) -> KubernetesBackend:
+async def pooled_backend(api_client: k8s.ApiClient, **opts: Any) -> KubernetesBackend:
     b = KubernetesBackend(
         "c1",
         namespace=NS,
@@ -79,6 +79,7 @@ async def pooled_backend(api_client: k8s.ApiClient) -> KubernetesBackend:
         backoff_initial_s=0.05,
         backoff_max_s=0.2,
         pool_listen="127.0.0.1:0",
+        **opts,
     )
     await b.start()
     return b
@@ -213,5 +214,25 @@ async def test_cancelling_a_pooled_action_cancels_its_call_and_the_pool_serves_o
         assert done.kind is K.SUCCEEDED, done
         assert (tmp_path / "calls.log").read_text().splitlines() == ["c1", "c2"]
         assert pool_posts(kubelet) == 1
+    finally:
+        await b.close()
+
+
+async def test_a_pooled_action_whose_pool_pods_never_connect_fails_with_a_clear_message(
+    kubelet: FakeKube, api_client: k8s.ApiClient, tmp_path: Path
+) -> None:
+    (tmp_path / "kretrytask.py").write_text(MODULE)
+    b = await pooled_backend(api_client, pool_connect_timeout_s=1)
+    try:
+        req = pooled_request(tmp_path, "u1")
+        req.pods[0].cpu_m = 64_000  # more than the node has: the pool's pod stays Pending
+        acts = ClusterActivities(b, signaler=Recorder(), heartbeat_s=0.05)
+        done = await asyncio.wait_for(attempt_env(1).run(acts.run_action, req), 60)
+        assert done.kind is K.FAILED, done
+        assert done.message.startswith(
+            "EnvironmentUnavailable: no pod of reusable environment 'kretry'"
+        ), done.message
+        assert "within 1 s" in done.message
+        assert not (tmp_path / "calls.log").exists()
     finally:
         await b.close()
