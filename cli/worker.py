@@ -259,6 +259,16 @@ def control_plane(
     "HEADWAY_CLUSTER_CONFIG]",
 )
 @click.option(
+    "--pool-listen",
+    envvar="HEADWAY_POOL_LISTEN",
+    default=None,
+    metavar="HOST:PORT",
+    help="kubernetes backend: the address the pods of reusable environments' pools dial "
+    "(the worker listens at PORT on every interface; 0: a free one). On a real cluster a "
+    "Service in front of the worker, or its pod IP, must be reachable from those pods. "
+    "[env HEADWAY_POOL_LISTEN; default: $POD_IP, else this host's address, a free port]",
+)
+@click.option(
     "--time-scale",
     type=float,
     default=None,
@@ -296,6 +306,7 @@ def cluster(
     kube_context: str | None,
     pod_namespace: str | None,
     config_path: str | None,
+    pool_listen: str | None,
     time_scale: float | None,
     state_dir: str | None,
     serve_tenants: tuple[str, ...],
@@ -319,6 +330,7 @@ def cluster(
             "context": kube_context,
             "namespace": pod_namespace,
             "config": config_path,
+            "pool_listen": pool_listen,
             "time_scale": time_scale,
             "state_dir": state_dir,
         },
@@ -377,6 +389,7 @@ _BACKEND_FLAGS = {
     "context": "--context",
     "namespace": "--pod-namespace",
     "config": "--config",
+    "pool_listen": "--pool-listen",
     "time_scale": "--time-scale",
     "state_dir": "--state-dir",
 }
@@ -388,7 +401,7 @@ def _backend_options(backend: str, given: dict[str, Any]) -> dict[str, Any]:
     allowed = (
         {"time_scale", "state_dir"}
         if backend == "sim"
-        else {"kubeconfig", "context", "namespace", "config"}
+        else {"kubeconfig", "context", "namespace", "config", "pool_listen"}
     )
     misplaced = [k for k, v in given.items() if v is not None and k not in allowed]
     if misplaced:
@@ -396,6 +409,13 @@ def _backend_options(backend: str, given: dict[str, Any]) -> dict[str, Any]:
             f"{', '.join(_BACKEND_FLAGS[k] for k in misplaced)} does not apply to --backend {backend}"
         )
     opts = {k: v for k, v in given.items() if v is not None and k != "config"}
+    if given.get("pool_listen") is not None:
+        from headway.activities.backends.kube_pool import parse_listen
+
+        try:
+            parse_listen(given["pool_listen"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
     config_path = given.get("config")
     if config_path is not None:
         from headway.worker.kube_config import load_kube_config

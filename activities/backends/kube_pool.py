@@ -20,10 +20,13 @@ pool's pods are created by its first call and deleted once it had no call for it
 ends Succeeded), then the pods are deleted. A pod whose connection drops ends its calls
 in flight as failed; the next call finds the pool short of it and creates it again.
 
-Not here yet (issue #25): the Kubernetes backend does not route a reusable
-environment's action to :meth:`KubePools.run` (it still creates a pod per action), so
-the worker's events for a pooled call (Running, Succeeded/Failed with the outcome
-document) are not made from it either; see the module's test for what works.
+A call waiting while *no* pod of its pool is connected waits at most
+``connect_timeout_s`` (the pods unschedulable, their image not pulled, or this worker's
+address not reachable from them): it then fails with :class:`PoolUnavailable`. Once a pod
+is connected, a call waits for a free slot as long as it takes.
+
+The Kubernetes backend routes a reusable environment's action here (see
+:mod:`headway.activities.backends.kubernetes.pooled`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import itertools
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +47,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .sim_task import TASK_ENTRYPOINT, PoolShape, TaskOutcome
 
-__all__ = ["POOL_LABEL", "KubePools", "pool_pod_names"]
+__all__ = ["POOL_LABEL", "KubePools", "PoolUnavailable", "parse_listen", "pool_pod_names"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,18 @@ log = logging.getLogger(__name__)
 POOL_LABEL = "headway.io/pool"
 #: The longest line of the pull protocol (``headway.sdk.run.LINE_LIMIT``).
 LINE_LIMIT = 16 * 2**20
+
+
+class PoolUnavailable(Exception):
+    """No pod of a pool connected within the pools' ``connect_timeout_s``."""
+
+
+def parse_listen(value: str, field_name: str = "--pool-listen") -> tuple[str, int]:
+    """``HOST:PORT`` (port 0: a free one) as (host, port); ValueError naming ``value``."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{field_name}: {value!r} is not HOST:PORT (a port 0..65535)")
+    return host, int(port)
 
 
 def _key(shape: PoolShape) -> str:
@@ -145,15 +160,39 @@ class _KubePool:
                     await asyncio.to_thread(api.create_namespaced_pod, ns, self.manifest(name))
 
     async def _slot(self) -> _PodConn:
-        """The least busy connected pod with a free slot, once there is one."""
+        """The least busy connected pod with a free slot, once there is one; while none
+        is connected at all, for up to the pools' ``connect_timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.owner.connect_timeout_s
         async with self.changed:
             while True:
                 free = [p for p in self.pods.values() if len(p.calls) < self.shape.concurrency]
                 if free:
                     return min(free, key=lambda p: (len(p.calls), p.name))
-                await self.changed.wait()
+                if self.pods:
+                    await self.changed.wait()  # all busy: a slot frees up in time
+                    continue
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise PoolUnavailable(self.unavailable())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), left)
 
-    async def run(self, command: list[str], env: dict[str, str]) -> TaskOutcome:
+    def unavailable(self) -> str:
+        return (
+            f"EnvironmentUnavailable: no pod of reusable environment {self.shape.name!r}"
+            f" ({', '.join(self.names)}) connected to its cluster worker at"
+            f" {self.owner.address} within {self.owner.connect_timeout_s:g} s (the pods"
+            " unschedulable, their image not pulled, or that address not reachable from"
+            " them)"
+        )
+
+    async def run(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        on_start: Callable[[str], None] | None = None,
+    ) -> TaskOutcome:
         if self.idle is not None:
             self.idle.cancel()
             self.idle = None
@@ -164,6 +203,8 @@ class _KubePool:
             fut: asyncio.Future[tuple[int, str | None]] = asyncio.get_running_loop().create_future()
             pod.calls[rid] = fut
             pod.send({"id": rid, "argv": command[3:], "env": env})
+            if on_start is not None:
+                on_start(pod.name)
             try:
                 code, document = await asyncio.shield(fut)
             except asyncio.CancelledError:
@@ -267,7 +308,8 @@ class KubePools:
     """The pools of one cluster worker's namespace, and the listener their pods dial.
 
     ``advertise``: the host name the pods reach this worker by (its Service's name in a
-    cluster); ``port`` 0 picks a free one.
+    cluster); ``port`` 0 picks a free one. ``connect_timeout_s``: how long a call waits
+    while no pod of its pool is connected (:class:`PoolUnavailable` after).
     """
 
     def __init__(
@@ -278,8 +320,10 @@ class KubePools:
         advertise: str,
         bind: str = "0.0.0.0",
         port: int = 0,
+        connect_timeout_s: float = 300.0,
     ) -> None:
         self.api = api
+        self.connect_timeout_s = connect_timeout_s
         self.namespace = namespace
         self.advertise = advertise
         self.bind = bind
@@ -306,9 +350,15 @@ class KubePools:
         *,
         image: str,
         requests: dict[str, str],
+        on_start: Callable[[str], None] | None = None,
     ) -> TaskOutcome:
         """Run one call of a reusable environment's task in its pool (created by the
-        first call of its shape; its missing pods created again)."""
+        first call of its shape; its missing pods created again). ``on_start`` is told
+        the pod's name once the call is handed to one.
+
+        Raises:
+            PoolUnavailable: No pod of the pool connected in ``connect_timeout_s``.
+        """
         key = _key(shape)
         async with self._starting:
             pool = self._pools.get(key)
@@ -317,7 +367,7 @@ class KubePools:
                 self._pools[key] = pool
             if len(pool.created) < shape.replicas:
                 await pool.ensure_pods()
-        return await pool.run(command, env)
+        return await pool.run(command, env, on_start)
 
     def forget(self, pool: _KubePool) -> None:
         if self._pools.get(pool.key) is pool:

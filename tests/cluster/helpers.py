@@ -174,17 +174,24 @@ async def kube_control_plane(
     fleet: list[ClusterSpec],
     tenants: list[str],
     extra: Callable[[asyncio.Event], list[Awaitable[Any]]] = lambda stop: [],
+    backend_kw: dict[str, Any] | None = None,
     **worker_kw: Any,
 ) -> AsyncIterator[asyncio.Event]:
     """The control plane (SQLite store under ``tmp_path``) and a Kubernetes cluster
     worker for ``tenants`` against the fake API server at ``kube_url``, with
-    ``extra(stop)`` (the fake's scheduler or kubelet, an audit) running beside them;
-    yields the event that stops them all, and stops them on the way out."""
+    ``extra(stop)`` (the fake's scheduler or kubelet, an audit) running beside them
+    (``backend_kw``: more of the backend's arguments); yields the event that stops them
+    all, and stops them on the way out."""
     cfg = k8s.Configuration()
     cfg.host = str(kube_url).rstrip("/")
     api = k8s.ApiClient(cfg)
     backend = KubernetesBackend(
-        cluster, namespace=namespace, api_client=api, backoff_initial_s=0.05, backoff_max_s=0.2
+        cluster,
+        namespace=namespace,
+        api_client=api,
+        backoff_initial_s=0.05,
+        backoff_max_s=0.2,
+        **(backend_kw or {}),
     )
     stop = asyncio.Event()
     db = f"sqlite:///{tmp_path / 'leases.db'}"

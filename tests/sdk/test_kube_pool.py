@@ -1,8 +1,8 @@
 """A reusable environment's pool on Kubernetes: long-lived pods that pull their calls from
 their cluster worker (``python -m headway.sdk.run --pull``), against the fake API server,
 whose kubelet runs each pool pod's container as a real local process. No Temporal: the
-calls are made to the pools directly (the Kubernetes backend does not route to them yet,
-see ``headway.activities.backends.kube_pool``)."""
+calls are made to the pools directly (the Kubernetes backend's routing to them is
+tested end to end in ``tests/cluster/test_e2e_kube_pool.py``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import kmock
+import pytest
 import pytest_asyncio
-from headway.activities.backends.kube_pool import POOL_LABEL, KubePools
+from headway.activities.backends.kube_pool import (
+    POOL_LABEL,
+    KubePools,
+    PoolUnavailable,
+    parse_listen,
+)
 from headway.activities.backends.sim_task import PoolShape, pool_shape
 from headway.tests.cluster.fake_kube import FakeKube
 from kubernetes import client as k8s
@@ -154,3 +160,58 @@ async def test_a_pools_pods_pull_its_calls_and_are_deleted_after_its_idle_time(
         await pools.close()
         api.close()
     assert os.environ.get("HEADWAY_ACTION_ID") is None
+
+
+async def test_a_call_whose_pool_pods_never_connect_fails_after_the_bounded_wait(
+    kube: FakeKube, tmp_path: Path
+) -> None:
+    (tmp_path / "kwarmtask.py").write_text(MODULE)
+    cfg = k8s.Configuration()
+    cfg.host = str(kube.url).rstrip("/")
+    api = k8s.ApiClient(cfg)
+    pools = KubePools(api, NS, advertise="127.0.0.1", bind="127.0.0.1", connect_timeout_s=1)
+    await pools.start()
+    shape = pool_shape(call(tmp_path, "x", 0))
+    assert isinstance(shape, PoolShape)
+    started: list[str] = []
+    try:
+        # More CPU than the node has: the pool's pods stay Pending, never connect.
+        with pytest.raises(PoolUnavailable) as err:
+            await asyncio.wait_for(
+                pools.run(
+                    shape,
+                    call(tmp_path, "u", 0),
+                    {},
+                    image="python:3.12",
+                    requests={"cpu": "64", "memory": "1Gi"},
+                    on_start=started.append,
+                ),
+                30,
+            )
+        assert started == []
+        message = str(err.value)
+        assert message.startswith("EnvironmentUnavailable: no pod of reusable environment")
+        assert "'kwarm'" in message and "within 1 s" in message
+        # Idle for its idle_ttl after that: the pending pods are deleted too.
+        for _ in range(100):
+            if not [p for p in kube.live("pods") if POOL_LABEL in p["metadata"]["labels"]]:
+                break
+            await asyncio.sleep(0.1)
+        assert not [p for p in kube.live("pods") if POOL_LABEL in p["metadata"]["labels"]]
+    finally:
+        await pools.close()
+        api.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [("hw-worker:7070", ("hw-worker", 7070)), ("10.0.0.5:0", ("10.0.0.5", 0))],
+)
+def test_a_pool_listen_address_is_host_and_port(value: str, parsed: tuple[str, int]) -> None:
+    assert parse_listen(value) == parsed
+
+
+@pytest.mark.parametrize("value", ["hw-worker", ":7070", "h:port", "h:70000", "h:-1"])
+def test_a_bad_pool_listen_address_is_refused_naming_it(value: str) -> None:
+    with pytest.raises(ValueError, match=rf"--pool-listen: '{value}' is not HOST:PORT"):
+        parse_listen(value)

@@ -33,8 +33,10 @@ sees a pod take a node or stop holding it (finished, or deleted).
 The package's modules follow its seams: ``pods`` builds the manifests, ``status`` reads
 pods (what happened to them, what they request), ``informer`` keeps the picture (list
 and watch), ``capacity`` reads what the nodes have free, ``deletion`` removes a pod
-(deletion, then Headway's finalizer), and ``backend`` is the backend itself (creation
-and adoption of an action's pods, its deletion, events, the capacity report).
+(deletion, then Headway's finalizer), ``pooled`` runs a reusable environment's action
+as a call in its pool of pulling pods (no pod of its own), and ``backend`` is the backend
+itself (creation and adoption of an action's pods, its deletion, events, the capacity
+report).
 """
 
 from __future__ import annotations

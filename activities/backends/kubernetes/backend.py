@@ -51,6 +51,7 @@ from .pods import (
     needs_service,
     pod_names,
 )
+from .pooled import PooledCalls, pooled_shape
 from .status import (
     _FINISHED_PHASES,
     _IMAGE_PULL_FATAL,
@@ -103,6 +104,13 @@ class KubernetesBackend:
         image_pull_grace_s: How long a pod may keep failing to pull its image
             (``ErrImagePull``/``ImagePullBackOff``) before the action fails
             ``ImagePullFailed``; an invalid image name fails at once.
+        pool_listen: ``HOST:PORT`` the pods of reusable environments' pools dial (the
+            worker listens at PORT on every interface; 0: a free one); None: this
+            worker's ``$POD_IP`` (else its host's address) and a free port. On a real
+            cluster the pool pods must reach it: a Service in front of the worker, or
+            its pod IP (see ``headway.activities.backends.kubernetes.pooled``).
+        pool_connect_timeout_s: How long a pooled action waits while no pod of its pool
+            is connected (unschedulable, image not pulled) before it fails.
     """
 
     def __init__(
@@ -125,6 +133,8 @@ class KubernetesBackend:
         queue_namespaces: Mapping[str, str] | None = None,
         delete_grace_s: int = 30,
         image_pull_grace_s: float = 120.0,
+        pool_listen: str | None = None,
+        pool_connect_timeout_s: float = 300.0,
     ) -> None:
         self.name = name
         self.gpu_names = dict(gpu_names or {})
@@ -154,6 +164,16 @@ class KubernetesBackend:
         self._context = context
         self._api: k8s.CoreV1Api | None = None
         self._hub = EventHub()
+        # Actions of reusable environments: calls in their pools (no pod of their own).
+        self.pooled = PooledCalls(
+            name,
+            self._pool_api_client,
+            self._hub,
+            clock,
+            default_namespace=namespace,
+            listen=pool_listen,
+            connect_timeout_s=pool_connect_timeout_s,
+        )
         self._changes = ChangeSignal()
         self._sequence = 0
         # Headway's pods (label-selected), every pod's requests, and the nodes.
@@ -204,6 +224,11 @@ class KubernetesBackend:
             self._api_client.user_agent = f"headway-cluster-worker/{os.getpid()}"
         return k8s.CoreV1Api(self._api_client)
 
+    def _pool_api_client(self) -> k8s.ApiClient:
+        self.api  # noqa: B018  (builds the client)
+        assert self._api_client is not None
+        return self._api_client
+
     @property
     def api(self) -> k8s.CoreV1Api:
         """The CoreV1 API (built on first use)."""
@@ -252,7 +277,9 @@ class KubernetesBackend:
             informer.start(loop)
 
     async def close(self) -> None:
-        """Stop the informers and close the API client."""
+        """Stop the informers, tear the pools down and close the API client."""
+        with contextlib.suppress(Exception):
+            await self.pooled.close()
         for informer in self.informers.values():
             informer.stop()
         for timer in self._pull_timers.values():
@@ -285,6 +312,9 @@ class KubernetesBackend:
         """
         ns = self.namespace_of(req)
         self._deleting.discard((req.tenant, req.action_id))
+        if pooled_shape(req) is not None:
+            # A reusable environment's action: a call in its pool, no pod of its own.
+            return [self.pooled.start(req, ns, dispatch, adopt_only=adopt_only)]
         legacy = await self._begun_before_tenants(req, ns, dispatch, adopt_only)
         names = pod_names(req, legacy)
         if not adopt_only:
@@ -491,8 +521,9 @@ class KubernetesBackend:
         # A queue's own namespace is taken as given; any other is the worker's.
         ns = namespace if namespace in self.queue_namespaces.values() else self._ns(namespace)
         self._deleting.add((tenant, action_id))
+        cancelled = await self.pooled.cancel(action_id, tenant)
         items = await self._list_action_pods(action_id, ns if self._scope else None, tenant)
-        deleted = 0
+        deleted = cancelled
         failure: ApiException | None = None
         spaces = {ns}
         # The tenant's Service, and whichever its pods name (a gang begun before tenants
@@ -549,7 +580,7 @@ class KubernetesBackend:
         The API server keeps no trace of a deleted pod, so this is what is left: a
         retried attempt adds what its predecessor's heartbeats recorded.
         """
-        out: dict[str, PodRecord] = {}
+        out: dict[str, PodRecord] = self.pooled.records(action_id, dispatch)
         for pod in await self._list_action_pods(action_id, self._scope):
             if _dispatch_of(pod) != dispatch:
                 continue
@@ -568,7 +599,7 @@ class KubernetesBackend:
             for pod in await self._list_action_pods(action_id, self._scope)
             if (not dispatch or _dispatch_of(pod) in ("", dispatch))
             and not pod["metadata"].get("deletionTimestamp")
-        }
+        } | self.pooled.live(action_id, dispatch)
 
     async def node_exists(self, node: str) -> bool | None:
         """Whether the API server has the node (a GET); None when it cannot be read."""
@@ -625,7 +656,9 @@ class KubernetesBackend:
 
     async def current_events(self, action_id: str) -> list[ActionEvent]:
         """The latest event of each of the action's pods, from the informer's picture."""
-        return [e for e in self._last.values() if e.action_id == action_id]
+        return [
+            e for e in self._last.values() if e.action_id == action_id
+        ] + self.pooled.current_events(action_id)
 
     def _report(self, key: tuple[str, str], pod: dict[str, Any], *, node_gone: bool) -> None:
         action = _action_of(pod)
@@ -874,7 +907,14 @@ class KubernetesBackend:
     async def live_view(
         self, req: DispatchRequest
     ) -> tuple[list[NodeCapacity], list[PodSpec]] | None:
-        """``free_nodes`` for the request's pods (the tolerations they are created with)."""
+        """``free_nodes`` for the request's pods (the tolerations they are created with).
+
+        None for a reusable environment's action: it creates no pod (its call runs in its
+        pool, whose room the scheduler counts once); a pool whose pods find no room fails
+        its calls after the pools' connect timeout instead.
+        """
+        if pooled_shape(req) is not None:
+            return None
         bodies = build_pods(
             req,
             self.namespace_of(req),
