@@ -219,6 +219,7 @@ def _consider(
     the fit's record (``_crec``), and whether the fit read a reservation (``_cread``:
     the only place the action's estimate enters it).
     """
+    self._counts.fits += 1
     self._cnames = None
     # 1. the demand
     inst = self.envs.get(a.env) if a.env_declared and a.env else None

@@ -401,6 +401,7 @@ def _eval(
     g = self._vseen.get(k)
     if g is None:
         g = self._vseen[k] = _Eval(a, dkey, runs, blocked, first, reason, blind)
+        self._counts.records_made += 1
         self._vevals.append(g)
     else:
         g.acts.append(a)

@@ -48,6 +48,8 @@ def _held_still(
     decides, with nothing changed here. Else whether the visit would answer alike
     (records updated as ``_still`` updates them).
     """
+    if q.resv_rec is not None:
+        self._counts.held_rechecks += 1
     sel = q.spec.clusters
     evals = q.evals
     verdict = _held_verdict(self, q)
@@ -353,6 +355,7 @@ def _resv_answer(
     ``head_went``); else ``_resv_now``'s (ok, moved), or ``_scan``'s where that
     cannot tell, with the earliest horizon and the horizons by cluster it read, and
     whether it read the task history."""
+    self._counts.reservation_answers += 1
     clusters = self.clusters
     for n in changed:
         c = clusters.get(n)

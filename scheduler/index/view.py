@@ -6,11 +6,45 @@ answer from one made again by identity.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..core import Scheduler
     from ..fit import ClusterState
+
+
+@dataclass(slots=True)
+class Counts:
+    """Work the core did since it was made, counted where it is done (the counts are
+    never read by a decision; a test reads them through ``counts`` to tell an answer
+    reused from one made again).
+
+    Attributes:
+        fits: actions decided by the full decision (gates, then the fit): an action
+            given a kept answer, or its class's answer, is not counted.
+        records_made: records of a visit's fits made (fits that end alike join one
+            record as they come, so this counts records, not fits).
+        held_rechecks: reserving queues re-checked by the held-fleet path (every
+            cluster the queue may use held from above) after a change.
+        reservation_answers: reservation answers worked out for those re-checks
+            (alike queues share one within a pass).
+    """
+
+    fits: int = 0
+    records_made: int = 0
+    held_rechecks: int = 0
+    reservation_answers: int = 0
+
+
+def counts(s: Scheduler) -> Counts:
+    """A copy of ``s``'s work counts (see ``Counts``) as they stand now."""
+    return replace(s._counts)
+
+
+def reservations(s: Scheduler) -> list[tuple[str, float, str]]:
+    """The reservations of the latest pass as (cluster, start time, head), sorted."""
+    return sorted((c, r.time, r.head) for c, rs in s._resv.items() for r in rs)
 
 
 def healthy_clusters(s: Scheduler, queue: str, healthy_only: bool = True) -> list[ClusterState]:
@@ -37,3 +71,18 @@ def hold_records_kept(s: Scheduler) -> int:
     """How many blocked heads have their (cluster, head) hold records kept for the next
     pass (at most ``policy.backfill.HOLD_PAIRS_MAX``)."""
     return len(s._hold_pairs)
+
+
+def held_summary_current(s: Scheduler, queue: str) -> bool | None:
+    """Whether ``queue``'s kept held-fleet summary of its fits (demand by demand, room
+    or none) is the one made afresh from its fits' reasons now; None if no kept
+    summary stands for its current records."""
+    q = s.queues[queue]
+    kept = q.hsig
+    if kept is None or q.hsig_of is not q.evals or q.hsig_n != len(q.evals):
+        return None
+    q.hsig = None
+    try:
+        return s._held_summary(q) == kept
+    finally:
+        q.hsig = kept
