@@ -29,12 +29,19 @@ class Counts:
             cluster the queue may use held from above) after a change.
         reservation_answers: reservation answers worked out for those re-checks
             (alike queues share one within a pass).
+        stretches_settled: runs of a decision class's members given one answer at once
+            (a class decided once, and its members after it given that answer, is one).
+        fleet_list_reads: selectors' lists of clusters with room for a demand made
+            from the whole fleet's list (brought up to date by the clusters that moved)
+            instead of asking each of their clusters.
     """
 
     fits: int = 0
     records_made: int = 0
     held_rechecks: int = 0
     reservation_answers: int = 0
+    stretches_settled: int = 0
+    fleet_list_reads: int = 0
 
 
 def counts(s: Scheduler) -> Counts:
