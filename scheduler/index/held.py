@@ -378,6 +378,7 @@ def _resv_answer(
             if len(elig) > _SCAN_MIN:
                 best, held = self._scan(sel, elig, rec.runs, rec.dkey, now, rec.easy)
                 if best is not None and not held:
+                    self._counts.reservations_found_by_walk += 1
                     ok, moved = True, (best[1], best[0], best[2])
         return (ok, moved, self._horizon, self._vhz, self._vhist)
     finally:

@@ -34,6 +34,10 @@ class Counts:
         fleet_list_reads: selectors' lists of clusters with room for a demand made
             from the whole fleet's list (brought up to date by the clusters that moved)
             instead of asking each of their clusters.
+        reservations_found_by_walk: held-fleet re-checks whose reservation got worse
+            where it was, answered by the reservation walk (kept per selector and
+            demand) instead of a full visit of the queue.
+        visits: queues visited in full (their waiting actions walked).
     """
 
     fits: int = 0
@@ -42,6 +46,8 @@ class Counts:
     reservation_answers: int = 0
     stretches_settled: int = 0
     fleet_list_reads: int = 0
+    reservations_found_by_walk: int = 0
+    visits: int = 0
 
 
 def counts(s: Scheduler) -> Counts:
