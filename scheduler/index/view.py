@@ -38,6 +38,11 @@ class Counts:
             where it was, answered by the reservation walk (kept per selector and
             demand) instead of a full visit of the queue.
         visits: queues visited in full (their waiting actions walked).
+        projections: projections made of when a demand would fit on a cluster as its
+            running work ends (a projection kept for the cluster's state is not).
+        release_steps_read: reads of a cluster's free totals step by step as its
+            running work ends; release_steps_summed: those summed afresh (the rest
+            were the list kept for the same releases, shared between demands).
     """
 
     fits: int = 0
@@ -48,6 +53,9 @@ class Counts:
     fleet_list_reads: int = 0
     reservations_found_by_walk: int = 0
     visits: int = 0
+    projections: int = 0
+    release_steps_read: int = 0
+    release_steps_summed: int = 0
 
 
 def counts(s: Scheduler) -> Counts:
@@ -99,3 +107,24 @@ def held_summary_current(s: Scheduler, queue: str) -> bool | None:
         return s._held_summary(q) == kept
     finally:
         q.hsig = kept
+
+
+def kept_projection(
+    s: Scheduler, cluster: str, action_id: str, easy: bool = False
+) -> tuple[float, bool] | None:
+    """The projection kept for ``action_id``'s demand on ``cluster`` (EASY's if ``easy``):
+    (the time it would fit, whether EASY's extra was found there), or None if it never
+    fits or cannot be computed. Raises KeyError if none is kept."""
+    key = (s.clusters[cluster].index, s.actions[action_id].dkey, easy)
+    if key not in s._fit_cache:
+        raise KeyError(f"no projection kept for {action_id!r} on {cluster!r} (easy={easy})")
+    res = s._fit_cache[key][4]
+    return None if res is None else (res[0], res[1] is not None)
+
+
+def release_steps(s: Scheduler, cluster: str) -> list[tuple[float, int, int, int, int, int]]:
+    """``cluster``'s kept free totals as its running work ends, one step per distinct
+    time: (time, releases up to it, free cpu, memory, ephemeral storage, gpu). Empty if
+    none is kept."""
+    hit = s._rel_steps.get(s.clusters[cluster].index)
+    return [] if hit is None else list(hit[1])
