@@ -108,6 +108,8 @@ def _held_still(
         if got_h is None:
             ok = False
         else:
+            self._counts.held_flips += 1
+            self._counts.held_flips_head_went += head_went
             horizon, read_hist = got_h
             hist = hist or read_hist
     if ok:

@@ -43,6 +43,9 @@ class Counts:
         release_steps_read: reads of a cluster's free totals step by step as its
             running work ends; release_steps_summed: those summed afresh (the rest
             were the list kept for the same releases, shared between demands).
+        held_flips: queues under a held fleet whose fits' reasons were changed in
+            place (a demand found room anywhere, or none) instead of a full check;
+            held_flips_head_went: those where a reserving head that found room went.
     """
 
     fits: int = 0
@@ -56,6 +59,8 @@ class Counts:
     projections: int = 0
     release_steps_read: int = 0
     release_steps_summed: int = 0
+    held_flips: int = 0
+    held_flips_head_went: int = 0
 
 
 def counts(s: Scheduler) -> Counts:
