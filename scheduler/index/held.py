@@ -50,6 +50,8 @@ def _held_still(
     """
     if q.resv_rec is not None:
         self._counts.held_rechecks += 1
+    if q.mixed:
+        self._counts.held_rechecks_mixed += 1
     sel = q.spec.clusters
     evals = q.evals
     verdict = _held_verdict(self, q)

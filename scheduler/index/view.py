@@ -7,11 +7,14 @@ answer from one made again by identity.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from ..fit import runs_of
 
 if TYPE_CHECKING:
     from ..core import Scheduler
     from ..fit import ClusterState
+    from ..resources import Pod
 
 
 @dataclass(slots=True)
@@ -46,6 +49,13 @@ class Counts:
         held_flips: queues under a held fleet whose fits' reasons were changed in
             place (a demand found room anywhere, or none) instead of a full check;
             held_flips_head_went: those where a reserving head that found room went.
+        held_rechecks_settled: held-fleet re-checks (of any queue) that found the
+            visit would answer as the last did (a re-check shared inline with a queue
+            that stood alike before it is not counted).
+        held_rechecks_mixed: held-fleet re-checks of records found at more than one
+            capacity (a visit that admitted); such records are re-checked in full.
+        full_rechecks_mixed_under_held_fleet: full re-checks of such records while
+            every cluster of the fleet was held.
     """
 
     fits: int = 0
@@ -61,6 +71,9 @@ class Counts:
     release_steps_summed: int = 0
     held_flips: int = 0
     held_flips_head_went: int = 0
+    held_rechecks_settled: int = 0
+    held_rechecks_mixed: int = 0
+    full_rechecks_mixed_under_held_fleet: int = 0
 
 
 def counts(s: Scheduler) -> Counts:
@@ -133,3 +146,82 @@ def release_steps(s: Scheduler, cluster: str) -> list[tuple[float, int, int, int
     none is kept."""
     hit = s._rel_steps.get(s.clusters[cluster].index)
     return [] if hit is None else list(hit[1])
+
+
+@dataclass(frozen=True)
+class RoomList:
+    """A list of the clusters of a selector with room for a demand.
+
+    Attributes:
+        clusters: their names, in placement order.
+        current: whether it stands at the end of the capacity log (no cluster moved
+            since it was made or brought up to date).
+    """
+
+    clusters: tuple[str, ...]
+    current: bool
+
+
+def _room_key(s: Scheduler, selector: tuple[str, ...] | None, pods: tuple[Pod, ...]) -> Any:
+    return (selector, s._dkey(pods))
+
+
+def _as_room_list(s: Scheduler, entry: Any) -> RoomList:
+    names = tuple(c.name for c in entry.order)
+    assert frozenset(names) == entry.names  # the list and its names agree
+    return RoomList(names, entry.pos == s._cap_base + len(s._cap_log))
+
+
+def room_list(s: Scheduler, selector: tuple[str, ...] | None, pods: tuple[Pod, ...]) -> RoomList:
+    """The list of ``selector``'s clusters (None: the fleet) with room for ``pods`` a
+    walk reads now: the kept one brought up to date, or made (and kept, as a walk keeps
+    it)."""
+    return _as_room_list(s, s._cands_of(_room_key(s, selector, pods), runs_of(pods), None))
+
+
+def kept_room_list(
+    s: Scheduler, selector: tuple[str, ...] | None, pods: tuple[Pod, ...]
+) -> RoomList | None:
+    """The kept list of ``room_list`` as it stands (not brought up to date), or None."""
+    hit = s._cands.get(_room_key(s, selector, pods))
+    return None if hit is None else _as_room_list(s, hit)
+
+
+def room_list_afresh(
+    s: Scheduler, selector: tuple[str, ...] | None, pods: tuple[Pod, ...]
+) -> RoomList:
+    """``room_list`` made from scratch, asking every cluster; the kept list is left as
+    it was."""
+    key = _room_key(s, selector, pods)
+    kept = s._cands.pop(key, None)
+    try:
+        return _as_room_list(s, s._cands_of(key, runs_of(pods), None))
+    finally:
+        if kept is None:
+            s._cands.pop(key, None)
+        else:
+            s._cands[key] = kept
+
+
+def room_anywhere(s: Scheduler, selector: tuple[str, ...] | None, pods: tuple[Pod, ...]) -> bool:
+    """Whether a fit of ``pods`` under ``selector`` would find a cluster with room now,
+    asked as at the start of a pass (the pass's own answers set aside, then put back).
+    Answered, as the re-checks answer it, from the kept list and what moved since; a
+    kept list found to have no room is brought up to date (empty)."""
+    noroom, moved = s._noroom, s._moved_cache
+    s._noroom, s._moved_cache = set(), {}
+    try:
+        return s._any_room(selector, s._dkey(pods), runs_of(pods))
+    finally:
+        s._noroom, s._moved_cache = noroom, moved
+
+
+def all_held(s: Scheduler, queue: str) -> bool:
+    """Whether every healthy cluster ``queue`` may use is held in the latest pass (its
+    visit then reads capacity only as whether each demand has room anywhere)."""
+    cache = s._held_cache
+    s._held_cache = {}
+    try:
+        return s._all_held(s.queues[queue])
+    finally:
+        s._held_cache = cache
