@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..fit import runs_of
+from ..policy.order import _order_key
 
 if TYPE_CHECKING:
     from ..core import Scheduler
@@ -225,3 +226,9 @@ def all_held(s: Scheduler, queue: str) -> bool:
         return s._all_held(s.queues[queue])
     finally:
         s._held_cache = cache
+
+
+def placement_key(c: ClusterState) -> tuple[Any, ...]:
+    """``c``'s key in placement order, kept for its free state (and whether its nodes
+    are known): the same object until either moves, so a test can tell it kept."""
+    return _order_key(c)
