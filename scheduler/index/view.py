@@ -57,6 +57,9 @@ class Counts:
             capacity (a visit that admitted); such records are re-checked in full.
         full_rechecks_mixed_under_held_fleet: full re-checks of such records while
             every cluster of the fleet was held.
+        reservation_walks_kept_across_clock: a reserving head's walk over the
+            clusters answered from a walk made at an earlier clock (its fits kept,
+            only the clusters that moved asked again).
     """
 
     fits: int = 0
@@ -75,6 +78,7 @@ class Counts:
     held_rechecks_settled: int = 0
     held_rechecks_mixed: int = 0
     full_rechecks_mixed_under_held_fleet: int = 0
+    reservation_walks_kept_across_clock: int = 0
 
 
 def counts(s: Scheduler) -> Counts:
@@ -232,3 +236,35 @@ def placement_key(c: ClusterState) -> tuple[Any, ...]:
     """``c``'s key in placement order, kept for its free state (and whether its nodes
     are known): the same object until either moves, so a test can tell it kept."""
     return _order_key(c)
+
+
+def kept_held_summary(s: Scheduler, queue: str) -> tuple[int, ...] | None:
+    """``queue``'s kept held-fleet summary of its fits (see ``held_summary_current``),
+    or None if none is kept."""
+    return s.queues[queue].hsig
+
+
+def effects_stand(s: Scheduler) -> bool:
+    """Whether every effect of the latest pass (a hold or a reservation, in the order
+    made; kept from the pass before where alike) says what the pass's holds and
+    reservations are: a hold's cluster held by its head, a reservation's the very
+    reservation on its cluster, with its time, head and EASY version."""
+    for e in s._effects:
+        if e[0] == "h":
+            if s._holds.get(e[1]) != e[2] or e[3:] != (None, None):
+                return False
+            continue
+        r = e[5]
+        if not any(x is r for x in s._resv.get(e[1], ())):
+            return False
+        ver = r.extra.version if r.extra is not None else -1
+        if e[2:5] != (r.time, r.head, ver):
+            return False
+    return True
+
+
+def effects_kept(s: Scheduler) -> int:
+    """How many effects of the latest pass are the pass before's, kept (not made
+    again)."""
+    prev = {id(e) for e in s._prev_effects}
+    return sum(id(e) in prev for e in s._effects)
