@@ -268,3 +268,9 @@ def effects_kept(s: Scheduler) -> int:
     again)."""
     prev = {id(e) for e in s._prev_effects}
     return sum(id(e) in prev for e in s._effects)
+
+
+def effects(s: Scheduler) -> list[tuple[Any, ...]]:
+    """The holds and reservations the latest pass made, in order: ("h", cluster, head,
+    None) for a hold, ("r", cluster, start time, head) for a reservation."""
+    return [e[:4] for e in s._effects]
