@@ -91,7 +91,7 @@ def test_a_class_without_room_is_not_fitted_again_after_each_admission() -> None
 
 
 def test_the_records_are_the_plain_walks() -> None:
-    """The records a visit keeps of its fits (``_Eval``: how each ended, and the actions
+    """The records a visit keeps of its fits (how each ended, and the actions
     of every fit the walk would have made) are the same as without carrying."""
     got = []
     for cls in (Scheduler, _NoCarry):

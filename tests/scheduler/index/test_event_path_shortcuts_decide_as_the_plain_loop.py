@@ -1,7 +1,7 @@
 """Shortcuts of the incremental event path (``bench/core_pass.py``'s completions).
 
-- A fit's new reason given to a whole class at once (``_Class.settle_all``, taken by
-  ``Scheduler._flip`` when the fit was the class's first member): the same runs, the
+- A fit's new reason given to a whole class at once (a class's ``settle_all``, taken by
+  the flip of a reason in place when the fit was the class's first member): the same runs, the
   same notes pending, as ``settle`` over the whole class.
 - A reserving head's walk over the clusters kept across clock steps while the clock
   stays before every fit's horizon (``index.view.counts``'

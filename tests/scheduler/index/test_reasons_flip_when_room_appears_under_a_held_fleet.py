@@ -184,7 +184,7 @@ def _due(s: Scheduler) -> int:
 @pytest.mark.parametrize("read_at", [None, 0, 1, 2, 4, 7])
 def test_flips_given_late_decide_as_the_plain_loop(read_at: int | None) -> None:
     """A flip under a held fleet changes its fits at once and their classes' members
-    only when something next reads or changes them (``_Queue.due``): here nothing reads
+    only when something next reads or changes them (a queue's ``due`` list): here nothing reads
     the reasons between events (but once, after event ``read_at``), so flips wait across
     completions, submits into their queues and a cancel, and are given late: every
     member ends with the same reason, and the same reasons in the same order, as in the
