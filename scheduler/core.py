@@ -51,6 +51,7 @@ from .index import still as _index_still
 from .index import validity as _index_validity
 from .index.records import _Cands, _Eval, _HeldFlips, _ResvRecord
 from .index.records import _Class as _Class
+from .index.view import Counts as _Counts
 from .model import ClusterSpec, EnvironmentSpec, OrgLimits, QueueSpec
 from .policy import backfill as _policy_backfill
 from .policy import gates as _policy_gates
@@ -220,6 +221,8 @@ class Scheduler:
         self._spec_ver = 0
         self._draining: list[_Queue] = []
         self._draining_at = -1
+        # Work done, counted for ``index.view.counts`` (never read by a decision).
+        self._counts = _Counts()
 
     def _init_pass_scratch(self) -> None:
         """Per-pass scratch (emptied at the start of each ``_pass``) and the remembered

@@ -164,6 +164,7 @@ def _visit_and_record(
 
 def _visit(self: Scheduler, q: _Queue, now: float, out: list[Admitted]) -> int:
     """Phases 3-5 for one queue: gates, fit, admit or record why not."""
+    self._counts.visits += 1
     if q.due:
         _apply_due(q)  # before the walk reads the classes and extends the records
     v = _Visit(q, self._eligible(q))
@@ -219,6 +220,7 @@ def _consider(
     the fit's record (``_crec``), and whether the fit read a reservation (``_cread``:
     the only place the action's estimate enters it).
     """
+    self._counts.fits += 1
     self._cnames = None
     # 1. the demand
     inst = self.envs.get(a.env) if a.env_declared and a.env else None

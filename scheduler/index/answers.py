@@ -70,6 +70,7 @@ def _cands_of(
                 # with room, and is brought up to date by the clusters that moved
                 # alone: selectors read it instead of asking each of their clusters
                 # (after a completion, dozens of selectors ask of the same few).
+                self._counts.fleet_list_reads += 1
                 anyr = self._cands_of((None, dkey), runs, None).names
                 order = list(compress(base, map(anyr.__contains__, map(_NAME, base))))
             else:

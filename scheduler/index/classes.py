@@ -53,6 +53,12 @@ def _could(self: Scheduler, c: ClusterState, runs: Runs, dkey: int) -> bool:
     return v
 
 
+def _settle(self: Scheduler, c: _Class, i: int, j: int, r: str) -> None:
+    """``c.settle(i, j, r)``, counted (``index.view.counts``' ``stretches_settled``)."""
+    self._counts.stretches_settled += 1
+    c.settle(i, j, r)
+
+
 def _start_visit_records(self: Scheduler) -> None:
     """Empty what a visit records for the next pass (see ``_visit`` and its callers)."""
     self._horizon = _INF
@@ -161,10 +167,10 @@ def _walk(
             key = (key, c.run)
         m = memo.get(key)
         if m is not None and m[0] == ver:
-            _known(c, i, j0, rr, m, key, bool(resv), opened)
+            _known(self, c, i, j0, rr, m, key, bool(resv), opened)
             continue
         if j0 >= 0:
-            c.settle(j0, i, rr)
+            _settle(self, c, j0, i, rr)
         a = c.m[i]
         # (Where reservations stand: the class's key without its estimate.)
         akey = ((c.ck, c.run) if run_gates else c.ck) if resv else None
@@ -186,17 +192,17 @@ def _walk(
                 # and the members that follow with the same answer, not two.
                 opened.append((c, i, r, key))
                 continue
-            c.settle(i, i + 1, r)
+            _settle(self, c, i, i + 1, r)
             nv = v.ver
         # A state change at ``pos``: what was known holds up to here only (but for
         # answers carried past it, whose stretches stay open).
-        _close_stretches(heap, opened, memo, pos, nv)
+        _close_stretches(self, heap, opened, memo, pos, nv)
         ver = nv
         opened = []
         if i + 1 < len(c.m):
             heappush(heap, (c.m[i + 1].pos, i + 1, c, -1, None))
     for oc, j0, rr, _k in opened:
-        oc.settle(j0, len(oc.m), rr)
+        _settle(self, oc, j0, len(oc.m), rr)
     if started:
         _drop_admitted(self, q, admitted)
     return started
@@ -233,6 +239,7 @@ def _answer_of(self: Scheduler, a: _Action, r: Reason, ver: int) -> list[Any]:
 
 
 def _known(
+    self: Scheduler,
     c: _Class,
     i: int,
     j0: int,
@@ -258,11 +265,12 @@ def _known(
         if rr == r0:
             opened.append((c, j0, r0, key))
             return
-        c.settle(j0, i, rr)
+        _settle(self, c, j0, i, rr)
     opened.append((c, i, r0, key))
 
 
 def _close_stretches(
+    self: Scheduler,
     heap: list[tuple[int, int, _Class, int, Any]],
     opened: list[tuple[_Class, int, Reason, Any]],
     memo: dict[Any, list[Any]],
@@ -279,10 +287,10 @@ def _close_stretches(
             if j < len(om):
                 heappush(heap, (om[j].pos, j, oc, j0, rr))
             else:
-                oc.settle(j0, j, rr)
+                _settle(self, oc, j0, j, rr)
             continue
         if j > j0:
-            oc.settle(j0, j, rr)
+            _settle(self, oc, j0, j, rr)
         if j < len(om):
             heappush(heap, (om[j].pos, j, oc, -1, None))
 
@@ -401,6 +409,7 @@ def _eval(
     g = self._vseen.get(k)
     if g is None:
         g = self._vseen[k] = _Eval(a, dkey, runs, blocked, first, reason, blind)
+        self._counts.records_made += 1
         self._vevals.append(g)
     else:
         g.acts.append(a)

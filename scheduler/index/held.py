@@ -48,6 +48,10 @@ def _held_still(
     decides, with nothing changed here. Else whether the visit would answer alike
     (records updated as ``_still`` updates them).
     """
+    if q.resv_rec is not None:
+        self._counts.held_rechecks += 1
+    if q.mixed:
+        self._counts.held_rechecks_mixed += 1
     sel = q.spec.clusters
     evals = q.evals
     verdict = _held_verdict(self, q)
@@ -106,6 +110,8 @@ def _held_still(
         if got_h is None:
             ok = False
         else:
+            self._counts.held_flips += 1
+            self._counts.held_flips_head_went += head_went
             horizon, read_hist = got_h
             hist = hist or read_hist
     if ok:
@@ -353,6 +359,7 @@ def _resv_answer(
     ``head_went``); else ``_resv_now``'s (ok, moved), or ``_scan``'s where that
     cannot tell, with the earliest horizon and the horizons by cluster it read, and
     whether it read the task history."""
+    self._counts.reservation_answers += 1
     clusters = self.clusters
     for n in changed:
         c = clusters.get(n)
@@ -375,6 +382,7 @@ def _resv_answer(
             if len(elig) > _SCAN_MIN:
                 best, held = self._scan(sel, elig, rec.runs, rec.dkey, now, rec.easy)
                 if best is not None and not held:
+                    self._counts.reservations_found_by_walk += 1
                     ok, moved = True, (best[1], best[0], best[2])
         return (ok, moved, self._horizon, self._vhz, self._vhist)
     finally:

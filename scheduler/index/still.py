@@ -176,12 +176,15 @@ def _still(
     ``try_held``: False when the caller found the held path does not apply, or
     tried it already (``_pass``).
     """
+    if q.mixed and len(self._holds) == len(self.clusters):
+        self._counts.full_rechecks_mixed_under_held_fleet += 1
     if sig != q.last_sig:
         return False
     if q.hist_dep and q.last_hist != self._hist_epoch:
         return False
     if try_held and changed and not q.fragile and not q.mixed and self._all_held(q):
         held = self._held_still(q, changed, now, expired)
+        self._counts.held_rechecks_settled += held is True
         if held is not None:
             return held
     stale = q.stale

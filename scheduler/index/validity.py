@@ -190,6 +190,7 @@ def _stands(
                 held = True
         if held is None:
             held = self._held_still(q, changed, now, expired)
+            self._counts.held_rechecks_settled += held is True
         if held is not None:
             return held
     return self._still(q, sig_was, changed, same_upstream, now, expired, False)

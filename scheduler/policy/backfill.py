@@ -185,6 +185,7 @@ def _scan(
         entries = hit[3]
         if hit[0] == cap_end:
             # Nothing moved: the same answer, and the same notes of the clock.
+            self._counts.reservation_walks_kept_across_clock += hit[2] < now
             self._note_horizons(hit[5], hit[6])
             return hit[4]
         moved = self._soft_since(hit[0], len(entries))
@@ -200,6 +201,7 @@ def _scan(
                 fit = self._earliest_fit(c, runs, now, easy, dkey)
                 h = fit_cache[(c.index, dkey, easy)][3]
                 entries[n] = (fit, _order_key(c), c, h)
+            self._counts.reservation_walks_kept_across_clock += hit[2] < now
             return self._scanned(ck, cap_end, now, entries, True)
     entries = {}
     fit_cache = self._fit_cache

@@ -120,6 +120,7 @@ def _project(
     Returns (time, EASY's projected extra or None), or None if it cannot be computed
     (a running action with no estimate) or never fits.
     """
+    self._counts.projections += 1
     releases = self._releases(c, now)
     if releases is None:
         return None
@@ -249,10 +250,12 @@ def _steps(
     step per distinct time. They depend on the list alone (it is made anew when
     ``c``'s capacity moves), not on the demand: summed once for every demand
     projected on ``c``, instead of once per demand."""
+    self._counts.release_steps_read += 1
     hit = self._rel_steps.get(c.index)
     if hit is not None and hit[0] is releases:
         cached: list[_Step] = hit[1]
         return cached
+    self._counts.release_steps_summed += 1
     fcpu, fmem, feph, fgpu = c.tcpu, c.tmem, c.teph, c.tgpu
     steps: list[_Step] = []
     i = 0

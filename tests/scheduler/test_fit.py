@@ -1,11 +1,12 @@
 """``ClusterState.place`` (best fit, largest first, typed GPUs, gangs all-or-nothing, EASY's
-``limit``) and the quantity parsers."""
+``limit``) and the quantity parsers; the placement rules also as the scheduler decides
+them, on both engines (``engine``)."""
 
 from __future__ import annotations
 
 import pytest
 from headway.scheduler.fit import ClusterState, runs_of, sort_pods
-from headway.scheduler.model import ClusterSpec, NodeGroup
+from headway.scheduler.model import ActionSpec, Algorithm, ClusterSpec, NodeGroup, QueueSpec
 from headway.scheduler.resources import (
     Pod,
     QuantityError,
@@ -17,6 +18,8 @@ from headway.scheduler.resources import (
     parse_pod,
     parse_quota,
 )
+
+from .policy.engines import scheduler_class
 
 GI = 2**30
 
@@ -328,3 +331,64 @@ def test_free_totals_count_an_overcommitted_node_as_no_room() -> None:
     assert (c.fgpu[1], c.tgpu) == (1, 5)
     assert place(c, *(pod(1) for _ in range(5))) == [1, 0, 0, 0, 0]
     assert c.tgpu == 0
+
+
+# --- the same placement rules, as the scheduler decides them, on both engines ----------
+#
+# One cluster, one greedy queue; each step submits an action and runs a pass (or ends
+# a running one). The nodes each admission lands on (in the gang's largest-first
+# order), None for an action left waiting, or the door's reason for one refused (no
+# node shape of the cluster could ever hold it) are worked out by hand from the rules
+# above (the cases mirror the ``place`` tests).
+
+# (id, pods, nodes | None | refusal), or (id, (), None): the running action ends.
+Step = tuple[str, tuple[Pod, ...], list[int] | str | None]
+
+FIT_CASES = [
+    pytest.param([("g", 2, gpu_node())],
+                 [("a", (pod(8),), [0]), ("b", (pod(4),), [1]), ("a", (), None),
+                  ("c", (pod(4),), [1]), ("d", (pod(8),), [0])],
+                 id="least-free-gpu-first-a-whole-node-kept-free"),
+    pytest.param([("g", 1, gpu_node()), ("c", 2, cpu_node())],
+                 [("a", (pod(cpu=6),), [1]), ("b", (pod(cpu=4),), [1]),
+                  ("c", (pod(cpu=16),), [2]), ("d", (pod(8, cpu=8),), [0])],
+                 id="cpu-pods-prefer-nodes-without-gpu-then-least-free-cpu"),
+    pytest.param([("bare", 1, gpu_node(t=None)), ("h200", 1, gpu_node())],
+                 [("a", (pod(1),), [1]), ("b", (pod(8),), None), ("c", (pod(2, t=None),), [1])],
+                 id="a-typed-gpu-never-fits-a-bare-count-node-a-bare-demand-fits-any"),
+    pytest.param([("g", 2, gpu_node())],
+                 [("a", (pod(6), pod(6), pod(6)), "Unschedulable"),
+                  ("b", (pod(6), pod(6), pod(3)), "Unschedulable"),
+                  ("c", (pod(6), pod(6), pod(2), pod(2)), [0, 1, 0, 1])],
+                 id="a-gang-all-or-nothing-totals-that-fit-are-not-enough"),
+    pytest.param([("g", 3, gpu_node())],
+                 [("a", (pod(2),) * 5, [0, 0, 0, 0, 1]), ("b", (pod(6),), [1]),
+                  ("c", (pod(8),), [2])],
+                 id="identical-pods-fill-the-tightest-node-first"),
+    pytest.param([("g", 2, gpu_node())],
+                 [("a", (pod(6),), [0]), ("b", (pod(5),), [1]),
+                  ("c", (pod(1), pod(2), pod(2)), [0, 1, 1])],
+                 id="the-largest-pods-of-a-gang-placed-first"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("groups", "steps"), FIT_CASES)
+def test_the_scheduler_places_by_the_fit_rules(
+    groups: list[tuple[str, int, Pod]], steps: list[Step], engine: str
+) -> None:
+    spec = ClusterSpec("c", tuple(NodeGroup(n, k, p) for n, k, p in groups))
+    s = scheduler_class(engine)([spec], [QueueSpec("q", algorithm=Algorithm.greedy)])
+    # Nodes are named by group, numbered within it; listed in node order.
+    names = [f"{n}-{j}" for n, k, _ in groups for j in range(k)]
+    for i, (aid, pods, nodes) in enumerate(steps):
+        t = float(i)
+        if not pods:
+            s.finish(aid, t)
+            continue
+        refused = s.submit(ActionSpec(aid, "q", pods, submit=t, seq=i), t)
+        if isinstance(nodes, str):
+            assert refused == nodes
+            continue
+        assert refused is None
+        got = {x.action_id: list(x.nodes) for x in s.schedule(t)}
+        assert got.get(aid) == (None if nodes is None else [names[j] for j in nodes]), (aid, got)

@@ -27,6 +27,8 @@ from headway.scheduler import (
 )
 from headway.scheduler.resources import Pod
 
+from .policy.engines import scheduler_class
+
 GI = 2**30
 NODE = Pod(cpu=16_000, memory=64 * GI)
 POD = Pod(cpu=4_000, memory=8 * GI)
@@ -79,6 +81,47 @@ def _run(subs: list[tuple[str, float]], incremental: bool) -> list[Any]:
 @pytest.mark.parametrize("subs", CASES)
 def test_the_kept_visiting_order_is_the_order_made_afresh(subs: list[tuple[str, float]]) -> None:
     assert _run(subs, True) == _run(subs, False)
+
+
+# The same submissions, each a whole node, on either engine: when ``busy``'s action
+# ends, the queue first in the visiting order (worked out by hand from the rule:
+# priority, then the oldest head, then the name) takes the node, and only it.
+FIRST_CASES = [
+    pytest.param([("x", 1.0), ("x", 2.0), ("x", 3.0)], "x0",
+                 id="appended-behind-the-head-the-first-head-starts"),
+    pytest.param([("x", 2.0), ("y", 1.0), ("z", 0.5)], "y1",
+                 id="the-older-head-of-equal-priority-starts-not-the-lower-priority-oldest"),
+    pytest.param([("x", 2.0), ("y", 3.0), ("y", 1.0)], "y2",
+                 id="an-earlier-submission-became-the-head-and-its-queue-starts"),
+    pytest.param([("y", 5.0), ("x", 5.0), ("x", 6.0), ("y", 4.0)], "y3",
+                 id="equal-heads-tied-then-a-new-earlier-head-wins"),
+    pytest.param([("y", 5.0), ("x", 5.0)], "x1",
+                 id="equal-priority-and-head-time-the-name-decides"),
+    pytest.param([("z", 1.0), ("x", 9.0), ("z", 2.0), ("x", 9.0), ("y", 0.0)], "y4",
+                 id="priority-first-whatever-the-heads"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("subs", "first"), FIRST_CASES)
+def test_the_first_queue_in_visiting_order_takes_the_freed_node(
+    subs: list[tuple[str, float]], first: str, engine: str
+) -> None:
+    clusters = [ClusterSpec("a", (NodeGroup("g", 1, NODE),))]
+    queues = [
+        QueueSpec("busy", priority=Priority.critical, algorithm=Algorithm.greedy),
+        QueueSpec("x", priority=Priority.medium, algorithm=Algorithm.greedy),
+        QueueSpec("y", priority=Priority.medium, algorithm=Algorithm.backfill),
+        QueueSpec("z", priority=Priority.low, algorithm=Algorithm.strict),
+    ]
+    s = scheduler_class(engine)(clusters, queues)
+    s.submit(ActionSpec("B", "busy", (NODE,), submit=0.0, seq=0, estimate=1e6), 0.0)
+    assert [x.action_id for x in s.schedule(0.0)] == ["B"]
+    for i, (q, t) in enumerate(subs):
+        spec = ActionSpec(f"{q}{i}", q, (NODE,), submit=t, seq=1 + i, estimate=60.0)
+        assert s.submit(spec, 10.0) is None
+        assert s.schedule(10.0 + i) == []
+    s.finish("B", 20.0)
+    assert [x.action_id for x in s.schedule(20.0)] == [first]
 
 
 # A skipped queue remakes its holds and reservations in the pass; where they first

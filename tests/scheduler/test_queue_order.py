@@ -26,6 +26,8 @@ from headway.scheduler import (
 )
 from headway.scheduler.resources import Pod
 
+from .policy.engines import scheduler_class
+
 GI = 2**30
 NODE = Pod(cpu=8_000, memory=32 * GI)
 HALF = Pod(cpu=4_000, memory=16 * GI)
@@ -133,20 +135,16 @@ def test_the_kept_order_is_a_fresh_sort(monkeypatch: pytest.MonkeyPatch, seed: i
     assert kept == again
 
 
-@pytest.mark.parametrize(
-    ("late_submit", "first"),
-    [
-        pytest.param(1.0, "a", id="submitted-before-every-head-its-queue-goes-first"),
-        pytest.param(7.0, "b", id="submitted-between-the-heads-the-order-stands"),
-    ],
-)
-def test_a_submission_ahead_of_its_queues_head_moves_the_queue(
-    late_submit: float, first: str
-) -> None:
-    """Queues ``a`` (head submitted at 10) and ``b`` (at 5), equal priority, on a full
-    cluster: ``b`` goes first. An action submitted to ``a`` with an earlier time than
-    ``a``'s head becomes that head, and ``a`` goes first if it is now the older."""
-    s = Scheduler(
+LATE_CASES = [
+    pytest.param(1.0, "a", id="submitted-before-every-head-its-queue-goes-first"),
+    pytest.param(7.0, "b", id="submitted-between-the-heads-the-order-stands"),
+]
+
+
+def _late_fleet(cls: type[Scheduler]) -> Scheduler:
+    """Queues ``a`` (head submitted at 10) and ``b`` (at 5), equal priority, on a cluster
+    of one node that ``fill`` takes first: ``b`` is ahead."""
+    s = cls(
         [ClusterSpec("c", (NodeGroup("n", 1, NODE),))],
         [
             QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
@@ -158,11 +156,29 @@ def test_a_submission_ahead_of_its_queues_head_moves_the_queue(
     assert s.submit(ActionSpec("a1", "a", (NODE,), submit=10.0, seq=1), 10.0) is None
     assert s.submit(ActionSpec("b1", "b", (NODE,), submit=5.0, seq=2), 10.0) is None
     assert [x.action_id for x in s.schedule(10.0)] == ["f"]
+    return s
+
+
+@pytest.mark.parametrize(("late_submit", "first"), LATE_CASES)
+def test_a_submission_ahead_of_its_queues_head_moves_the_queue(
+    late_submit: float, first: str, engine: str
+) -> None:
+    """An action submitted to ``a`` with an earlier time than ``a``'s head becomes that
+    head, and ``a`` goes first if it is now the older: its queue takes the freed node."""
+    s = _late_fleet(scheduler_class(engine))
+    assert s.submit(ActionSpec("a0", "a", (NODE,), submit=late_submit, seq=3), 11.0) is None
+    assert s.schedule(11.0) == []
+    s.finish("f", 12.0)
+    # The queue visited first takes the node.
+    assert [x.action_id for x in s.schedule(12.0)] == ["a0" if first == "a" else "b1"]
+
+
+@pytest.mark.parametrize(("late_submit", "first"), LATE_CASES)
+def test_a_new_head_puts_its_queue_back_in_the_kept_order(late_submit: float, first: str) -> None:
+    """The incremental core's kept order (``_qorder``) follows the new head at once."""
+    s = _late_fleet(Scheduler)
     assert [q.spec.name for q in s._qorder] == ["b", "a"]
     assert s.submit(ActionSpec("a0", "a", (NODE,), submit=late_submit, seq=3), 11.0) is None
     assert s.schedule(11.0) == []
     assert [q.spec.name for q in s._qorder] == fresh_order(s)
     assert s._qorder[0].spec.name == first
-    s.finish("f", 12.0)
-    # The queue visited first takes the node.
-    assert [x.action_id for x in s.schedule(12.0)] == ["a0" if first == "a" else "b1"]

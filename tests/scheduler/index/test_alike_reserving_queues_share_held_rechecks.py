@@ -1,11 +1,11 @@
 """Reserving queues below a held fleet share their re-checks when their records are alike.
 
-``Scheduler._held_still`` asks, for a reserving queue, whether its head's reservation
-would be made where it was (``_resv_now``), and reads the horizons that answer holds
-until. That answer depends only on the record (demand, algorithm, where and when it
-reserved, which clusters it held instead), the changed clusters, the selector, and
-capacity: queues whose records are alike share it within a pass (``_resv_answer``,
-kept in ``_resv_cache``). These cases pin the shared answers down against the plain loop
+The held-fleet re-check asks, for a reserving queue, whether its head's reservation
+would be made where it was, and reads the horizons that answer holds until. That answer
+depends only on the record (demand, algorithm, where and when it reserved, which
+clusters it held instead), the changed clusters, the selector, and capacity: queues
+whose records are alike share it within a pass (``index.view.counts``: fewer
+``reservation_answers`` than ``held_rechecks``). These cases pin the shared answers down against the plain loop
 (``Scheduler(incremental=False)``): same admissions, same reasons, step by step.
 
 Four clusters ``c0`` to ``c3`` of two 16-CPU nodes each, filled by queue ``fill``
@@ -29,6 +29,7 @@ from headway.scheduler import (
     QueueSpec,
     Scheduler,
 )
+from headway.scheduler.index.view import counts, held_summary_current, reservations
 from headway.scheduler.resources import Pod
 
 from ..helpers import apply_op, submitter
@@ -102,7 +103,7 @@ def _build(incremental: bool) -> Scheduler:
 def _state(s: Scheduler) -> list[Any]:
     """Every action's state and reasons, and the pass's reservations (which a held
     fleet hides from the reasons below it until the hold goes)."""
-    resv = sorted((c, r.time, r.head) for c, rs in s._resv.items() for r in rs)
+    resv = reservations(s)
     acts = sorted((a.id, a.state, a.cluster, a.last, tuple(a.reasons)) for a in s.actions.values())
     return [resv, acts]
 
@@ -112,40 +113,23 @@ def _run(ops: list[Op], incremental: bool) -> tuple[list[Any], int, int]:
     how many answers it worked out for them."""
     s = _build(incremental)
     log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
-    asked = 0
-    worked = 0
-    real_held, real_answer = s._held_still, s._resv_answer
-
-    def held(q: Any, *args: Any) -> bool | None:
-        nonlocal asked
-        asked += q.resv_rec is not None
-        return real_held(q, *args)
-
-    def answer(*args: Any) -> tuple[Any, ...]:
-        nonlocal worked
-        worked += 1
-        return real_answer(*args)
-
-    s._held_still = held  # type: ignore[method-assign,assignment]
-    s._resv_answer = answer  # type: ignore[method-assign,assignment]
+    before = counts(s)
     for op in ops:
         t = apply_op(s, op, 1000 + len(log))
         log.append(sorted(x.action_id for x in s.schedule(t)))
         log.append(_state(s))
         _summaries_are_current(s)
+    after = counts(s)
+    asked = after.held_rechecks - before.held_rechecks
+    worked = after.reservation_answers - before.reservation_answers
     return log, asked, worked
 
 
 def _summaries_are_current(s: Scheduler) -> None:
-    """A kept held summary (``q.hsig``, made again in the pass that changed reasons in
-    place) is the one made afresh from the fits' reasons now."""
-    for q in s.queues.values():
-        kept = q.hsig
-        if kept is None or q.hsig_of is not q.evals or q.hsig_n != len(q.evals):
-            continue
-        q.hsig = None
-        assert s._held_summary(q) == kept, q.spec.name
-        q.hsig = kept
+    """A kept held summary (made again in the pass that changed reasons in place) is
+    the one made afresh from the fits' reasons now."""
+    for name in s.queues:
+        assert held_summary_current(s, name) is not False, name
 
 
 @pytest.mark.parametrize("ops", CASES)

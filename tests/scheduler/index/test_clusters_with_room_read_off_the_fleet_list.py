@@ -1,11 +1,12 @@
 """A selector's clusters with room, read off the whole fleet's list for the demand.
 
-``Scheduler._cands_of`` keeps, per (selector, demand), the clusters with room in
+The core keeps, per (selector, demand), the clusters with room in
 placement order. When a selector's list is too far behind the capacity log to be brought
 up to date by the clusters that moved (more admissions since than a quarter of its
 clusters), it is made again from the whole fleet's list for the same demand (selector
 None), itself brought up to date by what moved, instead of asking each cluster of the
-selector again: after a completion, dozens of selectors ask of the same few clusters.
+selector again: after a completion, dozens of selectors ask of the same few clusters
+(``index.view.counts``' ``fleet_list_reads``).
 
 Ten clusters of two shapes (CPU nodes, GPU nodes), queues pinned to overlapping
 selectors of six to eight clusters, and events that admit several actions at once
@@ -28,6 +29,7 @@ from headway.scheduler import (
     QueueSpec,
     Scheduler,
 )
+from headway.scheduler.index.view import counts
 from headway.scheduler.resources import Pod
 
 from ..helpers import apply_op, submitter
@@ -62,10 +64,12 @@ def make_fleet(incremental: bool, seed: int) -> tuple[Scheduler, random.Random]:
     return s, rng
 
 
-def run_events(incremental: bool, seed: int) -> list[Any]:
+def run_events(incremental: bool, seed: int) -> tuple[list[Any], int]:
     """Forty events (completions, and submissions of small and whole-node work); the log
-    of every pass's admissions and every action's state and reasons after it."""
+    of every pass's admissions and every action's state and reasons after it, and how
+    many selector lists were made from the fleet's."""
     s, rng = make_fleet(incremental, seed)
+    before = counts(s).fleet_list_reads
     first = sorted(x.action_id for x in s.schedule(0.0))
     running = list(first)
     log: list[Any] = [first]
@@ -85,26 +89,7 @@ def run_events(incremental: bool, seed: int) -> list[Any]:
         log.append(
             sorted((a.id, a.state, a.cluster, a.last, tuple(a.reasons)) for a in s.actions.values())
         )
-    return log
-
-
-def count_shared(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count the selector lists made from the whole fleet's (a ``_cands_of`` call made
-    while another is under way; the count is ``[0]``, kept live)."""
-    count = [0]
-    depth = [0]
-    real = Scheduler._cands_of
-
-    def spy(self: Scheduler, *args: Any) -> Any:
-        count[0] += depth[0] > 0
-        depth[0] += 1
-        try:
-            return real(self, *args)
-        finally:
-            depth[0] -= 1
-
-    monkeypatch.setattr(Scheduler, "_cands_of", spy)
-    return count
+    return log, counts(s).fleet_list_reads - before
 
 
 @pytest.mark.parametrize(
@@ -115,10 +100,7 @@ def count_shared(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         pytest.param(3, id="gpu-and-cpu-demands-interleaved-across-six-selectors"),
     ],
 )
-def test_a_selector_list_made_from_the_fleets_is_the_plain_loops(
-    monkeypatch: pytest.MonkeyPatch, seed: int
-) -> None:
-    shared = count_shared(monkeypatch)
-    fast = run_events(True, seed)
-    assert shared[0] > 0  # the fleet's list was what answered
-    assert fast == run_events(False, seed)
+def test_a_selector_list_made_from_the_fleets_is_the_plain_loops(seed: int) -> None:
+    fast, shared = run_events(True, seed)
+    assert shared > 0  # the fleet's list was what answered
+    assert fast == run_events(False, seed)[0]

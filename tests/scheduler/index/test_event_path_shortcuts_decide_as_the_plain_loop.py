@@ -1,17 +1,22 @@
 """Shortcuts of the incremental event path (``bench/core_pass.py``'s completions).
 
-- A fit's new reason given to a whole class at once (``_Class.settle_all``, taken by
-  ``Scheduler._flip`` when the fit was the class's first member): the same runs, the
+- A fit's new reason given to a whole class at once (a class's ``settle_all``, taken by
+  the flip of a reason in place when the fit was the class's first member): the same runs, the
   same notes pending, as ``settle`` over the whole class.
-- A reserving head's walk over the clusters (``Scheduler._scan``) kept across clock
-  steps while the clock stays before every fit's horizon.
-- The held check's summary of a queue's answers (``_Queue.hsig``) kept through a full
-  check that changed no reason.
+- A reserving head's walk over the clusters kept across clock steps while the clock
+  stays before every fit's horizon (``index.view.counts``'
+  ``reservation_walks_kept_across_clock``).
+- The held check's summary of a queue's answers (``index.view.kept_held_summary``) kept
+  through a full check that changed no reason.
 
 Each is pinned against the plain loop (``Scheduler(incremental=False)``) on the held
 fleet of ``test_rechecks_under_a_held_fleet`` (five clusters filled by ``F0`` to ``F9``, whose estimated
 ends are 5, 8, ..., 32; a strict head ``H`` holding them all; four queues below, one
-per algorithm, the reserving ones walking all five clusters with ``_scan``).
+per algorithm, the reserving ones walking all five clusters).
+
+The first and last sections are unit tests of the records' run structure itself
+(``index.records``' ``_Class``, ``_noted``): no public surface builds a class with
+given runs, so they keep those private names.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from headway.scheduler import ActionSpec, QueueSpec, core
+from headway.scheduler import ActionSpec, QueueSpec
 from headway.scheduler.core import _Class
 from headway.scheduler.index import records
+from headway.scheduler.index.view import counts, effects_kept, effects_stand, kept_held_summary
 from headway.scheduler.truth import _Action, _Queue
 
 from ..helpers import apply_op
@@ -140,25 +146,12 @@ def _drive(ops: list[Op], incremental: bool) -> tuple[list[Any], int]:
     made at an earlier clock."""
     s = _build(incremental)
     log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
-    kept = 0
-    real = s._scan
-
-    def spy(sel: Any, elig: Any, runs: Any, dkey: int, now: float, easy: bool) -> Any:
-        nonlocal kept
-        before = s._scans.get((sel, dkey, easy))
-        got = real(sel, elig, runs, dkey, now, easy)
-        # Walked again, the fits by cluster are a new dict.
-        kept += (
-            before is not None and before[2] < now and s._scans[(sel, dkey, easy)][3] is before[3]
-        )
-        return got
-
-    s._scan = spy  # type: ignore[method-assign,assignment]
+    before = counts(s).reservation_walks_kept_across_clock
     for i, op in enumerate(ops):
         t = apply_op(s, op, 1000 + i, estimate=10.0)
         log.append(sorted(x.action_id for x in s.schedule(t)))
         log.append(_state(s))
-    return log, kept
+    return log, counts(s).reservation_walks_kept_across_clock - before
 
 
 @pytest.mark.parametrize(("ops", "walk_kept"), EVENT_CASES)
@@ -179,11 +172,12 @@ def test_a_full_check_that_changes_no_reason_keeps_the_held_summary() -> None:
     s.schedule(1.0)
     s.finish("F1", 2.0)
     s.schedule(2.0)
-    before = {n: q.hsig for n, q in s.queues.items() if q.hsig is not None}
+    before = {n: kept_held_summary(s, n) for n in s.queues}
+    before = {n: h for n, h in before.items() if h is not None}
     assert before, "no queue took the held path"
     s.finish("F3", 3.0)
     s.schedule(3.0)
-    assert {n: s.queues[n].hsig for n in before} == before
+    assert {n: kept_held_summary(s, n) for n in before} == before
 
 
 # --- effects remade by skipped queues: the last pass's tuple kept when alike ----------
@@ -211,18 +205,6 @@ EFFECT_CASES = [
 ]  # fmt: skip
 
 
-def _effects_read_as_made(s: core.Scheduler) -> None:
-    """Every effect says what the pass's holds and reservations are."""
-    for e in s._effects:
-        if e[0] == "h":
-            assert s._holds[e[1]] == e[2] and e[3:] == (None, None)
-        else:
-            r = e[5]
-            assert any(x is r for x in s._resv[e[1]])
-            ver = r.extra.version if r.extra is not None else -1
-            assert e[2:5] == (r.time, r.head, ver)
-
-
 def _drive_effects(ops: list[Op], incremental: bool) -> tuple[list[Any], int]:
     """The log of every pass, and how many effects were the last pass's tuples."""
     s = _build(incremental)
@@ -232,9 +214,8 @@ def _drive_effects(ops: list[Op], incremental: bool) -> tuple[list[Any], int]:
         t = apply_op(s, op, 1000 + i, estimate=10.0)
         log.append(sorted(x.action_id for x in s.schedule(t)))
         log.append(_state(s))
-        _effects_read_as_made(s)
-        prev = {id(e) for e in s._prev_effects}
-        kept += sum(id(e) in prev for e in s._effects)
+        assert effects_stand(s), "every effect says what the pass's holds and reservations are"
+        kept += effects_kept(s)
     return log, kept
 
 

@@ -1,10 +1,9 @@
 """The pass's fit memo: one answer per (cluster, demand) at one capacity version.
 
-``Scheduler._room`` keeps, for the pass, whether a cluster has room for a demand, keyed
-by (cluster, demand key) and the cluster's capacity version; the re-checks of queues
-skipped after a completion share the clusters with room per demand and changed set
-(``_evals_still``). Equal demands waiting at the heads of many queues are so asked
-about once per capacity, and an admission between two asks (a new version) makes the
+The core keeps, for the pass, whether a cluster has room for a demand, keyed by
+(cluster, demand key) and the cluster's capacity version; the re-checks of queues
+skipped after a completion share the clusters with room per demand and changed set.
+Equal demands waiting at the heads of many queues are so asked about once per capacity, and an admission between two asks (a new version) makes the
 second ask again. These cases pin that down against the plain loop
 (``Scheduler(incremental=False)``): same admissions, same reasons.
 

@@ -1,6 +1,6 @@
-"""``Scheduler._eval``: fits that end alike (same demand, blocked or not, first
-cluster with room and reason) share one record, made as the fits come: one ``_Eval``
-per record, holding every action of the fits it stands for.
+"""Fits that end alike (same demand, blocked or not, first cluster with room and
+reason) share one record, made as the fits come: one record made (``index.view.counts``'
+``records_made``) per record kept, holding every action of the fits it stands for.
 
 One cluster of one node (16 CPU, 64Gi), taken by a filler. Queue ``easy`` (high) has a
 head that reserves; queue ``g`` (medium, greedy) has three alike one-node actions with
@@ -10,9 +10,6 @@ fitted on its own, and all three find no room.
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
 from headway.scheduler import (
     ActionSpec,
     Algorithm,
@@ -20,7 +17,7 @@ from headway.scheduler import (
     QueueSpec,
     Scheduler,
 )
-from headway.scheduler.index import classes, records
+from headway.scheduler.index.view import counts
 from headway.scheduler.resources import Pod
 
 from ..helpers import one_node_taken
@@ -43,22 +40,13 @@ def _fleet() -> Scheduler:
     return s
 
 
-def test_fits_that_end_alike_make_one_record(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fits_that_end_alike_make_one_record() -> None:
     s = _fleet()
-    made: list[Any] = []
-    inner = records._Eval
-
-    def counted(*args: Any) -> Any:
-        e = inner(*args)
-        made.append(e)
-        return e
-
-    # (made where a visit records its fits)
-    monkeypatch.setattr(classes, "_Eval", counted)
+    before = counts(s).records_made
     assert s.schedule(1.0) == []
     (rec,) = s.queues["g"].evals
     assert [a.id for a in rec.acts] == ["w0", "w1", "w2"]
     assert rec.reason == "NoClusterCapacity" and rec.first is None
     # One record made for the three fits of ``g`` (and one for the head of ``easy``).
-    assert len(made) == 2
+    assert counts(s).records_made - before == 2
     assert {s.reason(f"w{k}") for k in range(3)} == {"NoClusterCapacity"}

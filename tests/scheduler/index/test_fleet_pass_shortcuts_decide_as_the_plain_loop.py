@@ -1,7 +1,7 @@
 """Differential tests for the shortcuts a fleet-sized pass takes (``bench/core_pass.py``).
 
 A walk over the clusters with room for a demand skips the ones a hold of this pass
-names (``Scheduler._unheld``); the placement order and the clusters with room for each
+names; the placement order and the clusters with room for each
 demand are carried from one capacity to the next by re-placing only the clusters that
 changed. Each must decide exactly as the plain loop (``Scheduler(incremental=False)``):
 same admissions, same clusters and nodes, same reasons.
@@ -27,6 +27,7 @@ from headway.scheduler import (
     QueueSpec,
     Scheduler,
 )
+from headway.scheduler.index.view import effects
 from headway.scheduler.model import replicas_demand
 from headway.scheduler.resources import Pod
 
@@ -256,7 +257,7 @@ def test_a_small_benchmark_fleet_matches_the_plain_loop(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(60))
 def test_a_small_benchmark_fleet_held_everywhere_matches_the_plain_loop(seed: int) -> None:
     # Reserving heads find room on a freed node of a held cluster, and the first fit
-    # after them with no room reserves instead (``Scheduler._new_head``).
+    # after them with no room reserves instead.
     assert _drive_fleet(710000 + seed, True, True) == _drive_fleet(710000 + seed, False, True)
 
 
@@ -395,7 +396,7 @@ def _head_run(
 
 def _effects(s: Scheduler) -> list[Any]:
     """The holds and reservations the last pass made, in order (who, where, when)."""
-    return [e[:4] for e in s._effects]
+    return effects(s)
 
 
 @pytest.mark.parametrize(("strict_on", "algo", "gang", "started", "skipped", "reasons"), HEAD_CASES)

@@ -1,12 +1,13 @@
 """A held reserving queue whose reservation got worse where it was: found again by the walk.
 
 Under a fleet held by a strict head above, a reserving queue's check reads its head's
-reservation (``Scheduler._resv_answer``). When the cluster it reserved on takes more work
+reservation. When the cluster it reserved on takes more work
 (the fill queue above starts something there), the reservation gets later there, and the
-changed clusters alone do not tell where the next best is (``_resv_now`` says so). The
-check then asks ``_reserve``'s own walk (``_scan``, kept per selector and demand, so the
-queues below share it) instead of visiting every reserving queue in full: a strict head
-whose holds move would otherwise send each of them through a visit.
+changed clusters alone do not tell where the next best is. The check then asks the
+reservation's own walk (kept per selector and demand, so the queues below share it)
+instead of visiting every reserving queue in full: a strict head whose holds move would
+otherwise send each of them through a visit (``index.view.counts``'
+``reservations_found_by_walk`` and ``visits``).
 
 Five to six clusters of two 16-CPU nodes, filled by ``fill`` (critical, greedy), held by
 ``hold``'s whole-cluster strict head; below, medium queues cycling backfill, EASY, greedy,
@@ -30,6 +31,7 @@ from headway.scheduler import (
     QueueSpec,
     Scheduler,
 )
+from headway.scheduler.index.view import Counts, counts
 from headway.scheduler.resources import Pod
 
 from ..helpers import apply_op, submitter
@@ -68,13 +70,17 @@ def make_held_fleet(
     return s, rng
 
 
-def run_events(incremental: bool, queues: int, clusters: int, seed: int) -> list[Any]:
+def run_events(
+    incremental: bool, queues: int, clusters: int, seed: int
+) -> tuple[list[Any], Counts]:
     """Thirty events (two completions, then new fill work, and so on); the log of
-    every pass's admissions and every action's state and reasons after it."""
+    every pass's admissions and every action's state and reasons after it, and the
+    work counts of the events (``index.view.counts``, the first pass's taken off)."""
     s, rng = make_held_fleet(incremental, queues, clusters, seed)
     first = sorted(x.action_id for x in s.schedule(0.0))
     running = list(first)
     log: list[Any] = [first]
+    before = counts(s)
     t = 0.0
     for i in range(30):
         t += rng.choice([1.0, 1.0, 4.0])
@@ -89,31 +95,12 @@ def run_events(incremental: bool, queues: int, clusters: int, seed: int) -> list
         log.append(
             sorted((a.id, a.state, a.cluster, a.last, tuple(a.reasons)) for a in s.actions.values())
         )
-    return log
-
-
-def count_rescans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count the held checks whose reservation ``_resv_now`` could not tell and the
-    walk then found (the count is ``[0]``, kept live)."""
-    count = [0]
-    told = [True]
-    real_now = Scheduler._resv_now
-    real_answer = Scheduler._resv_answer
-
-    def spy_now(self: Scheduler, *args: Any) -> Any:
-        got = real_now(self, *args)
-        told[0] = told[0] and got[0]
-        return got
-
-    def spy_answer(self: Scheduler, *args: Any) -> Any:
-        told[0] = True
-        got = real_answer(self, *args)
-        count[0] += not told[0] and got[0] is True
-        return got
-
-    monkeypatch.setattr(Scheduler, "_resv_now", spy_now)
-    monkeypatch.setattr(Scheduler, "_resv_answer", spy_answer)
-    return count
+    after = counts(s)
+    return log, Counts(
+        reservations_found_by_walk=after.reservations_found_by_walk
+        - before.reservations_found_by_walk,
+        visits=after.visits - before.visits,
+    )
 
 
 CASES = [
@@ -125,33 +112,23 @@ CASES = [
 
 @pytest.mark.parametrize(("queues", "clusters", "seed"), CASES)
 def test_a_worse_reservation_is_found_again_as_the_plain_loop_finds_it(
-    monkeypatch: pytest.MonkeyPatch, queues: int, clusters: int, seed: int
+    queues: int, clusters: int, seed: int
 ) -> None:
-    rescans = count_rescans(monkeypatch)
-    fast = run_events(True, queues, clusters, seed)
-    assert rescans[0] > 0  # the walk was what answered, not a visit
-    assert fast == run_events(False, queues, clusters, seed)
+    fast, n = run_events(True, queues, clusters, seed)
+    assert n.reservations_found_by_walk > 0  # the walk was what answered, not a visit
+    assert fast == run_events(False, queues, clusters, seed)[0]
 
 
 def test_without_the_walk_the_same_checks_end_in_visits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same events with the walks off (``_SCAN_MIN`` past the fleet: reservations
     made cluster by cluster, and no walk to fall back on) decide the same, with more
-    visits: the fallback saves visits and changes no answer."""
-    visits = [0]
-    real_visit = Scheduler._visit
-
-    def spy_visit(self: Scheduler, *args: Any) -> Any:
-        visits[0] += 1
-        return real_visit(self, *args)
-
-    monkeypatch.setattr(Scheduler, "_visit", spy_visit)
-    fast = run_events(True, 6, 5, 2)
-    with_walk = visits[0]
-    visits[0] = 0
+    visits: the fallback saves visits and changes no answer. (The bound is a private
+    tuning constant with no public form; patching it is the one private reach left.)"""
+    fast, with_walk = run_events(True, 6, 5, 2)
     # (every module of the core that reads the bound has its own binding of it)
     for mod in [m for n, m in sys.modules.items() if n.startswith("headway.scheduler.")]:
         if hasattr(mod, "_SCAN_MIN"):
             monkeypatch.setattr(mod, "_SCAN_MIN", 10**6)
-    again = run_events(True, 6, 5, 2)
+    again, without = run_events(True, 6, 5, 2)
     assert again == fast
-    assert visits[0] > with_walk
+    assert without.visits > with_walk.visits

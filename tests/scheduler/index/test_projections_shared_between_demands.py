@@ -1,8 +1,9 @@
 """Projections shared between demands and between backfill and EASY queues.
 
-``Scheduler._steps`` sums a cluster's free totals as its running work ends once per
-release list, for every demand projected there; ``_earliest_fit`` answers a backfill
-queue's projection from an EASY queue's of the same demand (same time, no extra).
+The core sums a cluster's free totals as its running work ends once per release list,
+for every demand projected there, and answers a backfill queue's projection from an EASY
+queue's of the same demand (same time, no extra). The work is read through
+``index.view.counts``, the kept answers through ``index.view``.
 These pin both down: the answers are the ones worked out by hand, and the shared work
 is done once.
 
@@ -14,8 +15,6 @@ at t=100, 200, 300 and 400 by its estimate. Queue ``easy`` (high) and queue
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from headway.scheduler import (
     ActionSpec,
@@ -26,6 +25,7 @@ from headway.scheduler import (
     QueueSpec,
     Scheduler,
 )
+from headway.scheduler.index.view import counts, kept_projection, release_steps
 from headway.scheduler.model import DemandKind, replicas_demand
 from headway.scheduler.resources import Pod
 
@@ -54,23 +54,12 @@ def _head(aid: str, queue: str, n: int, seq: int) -> ActionSpec:
     )  # fmt: skip
 
 
-def _counting(s: Scheduler, name: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    got: list[Any] = []
-    inner = getattr(s, name)
-
-    def wrapped(*args: Any) -> Any:
-        r = inner(*args)
-        got.append(r)
-        return r
-
-    monkeypatch.setattr(s, name, wrapped)
-    return got
+def _projections(s: Scheduler) -> int:
+    return counts(s).projections
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_a_backfill_queue_takes_the_easy_queues_projection_of_its_demand(
-    n: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_backfill_queue_takes_the_easy_queues_projection_of_its_demand(n: int) -> None:
     s = _fleet(
         [
             QueueSpec("easy", priority=Priority.high, algorithm=Algorithm.easy),
@@ -79,30 +68,26 @@ def test_a_backfill_queue_takes_the_easy_queues_projection_of_its_demand(
     )
     s.submit(_head("e", "easy", n, 10), 1.0)
     s.submit(_head("b", "backfill", n, 11), 1.0)
-    projected = _counting(s, "_project", monkeypatch)
+    before = _projections(s)
     assert s.schedule(1.0) == []
     # One projection for both queues: EASY's (its time, and its extra).
-    assert len(projected) == 1
-    assert projected[0] is not None and projected[0][0] == 100.0 * n
-    assert projected[0][1] is not None
-    a = s.clusters["a"]
-    dkey = s.actions["b"].dkey
-    assert s._fit_cache[(a.index, dkey, False)][4] == (100.0 * n, None)
+    assert _projections(s) - before == 1
+    assert kept_projection(s, "a", "e", easy=True) == (100.0 * n, True)
+    assert kept_projection(s, "a", "b") == (100.0 * n, False)
     assert s.reason("e") == "NoClusterCapacity"
     assert s.reason("b") == "NoClusterCapacity"
 
 
-def test_a_backfill_queue_alone_projects_the_same_time(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_backfill_queue_alone_projects_the_same_time() -> None:
     s = _fleet([QueueSpec("backfill", priority=Priority.medium, algorithm=Algorithm.backfill)])
     s.submit(_head("b", "backfill", 3, 11), 1.0)
-    projected = _counting(s, "_project", monkeypatch)
+    before = _projections(s)
     s.schedule(1.0)
-    assert projected == [(300.0, None)]
+    assert _projections(s) - before == 1
+    assert kept_projection(s, "a", "b") == (300.0, False)
 
 
-def test_demands_projected_on_one_cluster_share_its_release_steps(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_demands_projected_on_one_cluster_share_its_release_steps() -> None:
     s = _fleet(
         [
             QueueSpec("easy", priority=Priority.high, algorithm=Algorithm.easy),
@@ -111,11 +96,15 @@ def test_demands_projected_on_one_cluster_share_its_release_steps(
     )
     s.submit(_head("e", "easy", 2, 10), 1.0)
     s.submit(_head("b", "backfill", 3, 11), 1.0)
-    steps = _counting(s, "_steps", monkeypatch)
-    projected = _counting(s, "_project", monkeypatch)
+    before = counts(s)
     s.schedule(1.0)
-    assert [p[0] for p in projected if p is not None] == [200.0, 300.0]
+    after = counts(s)
+    assert after.projections - before.projections == 2
+    assert kept_projection(s, "a", "e", easy=True) == (200.0, True)
+    assert kept_projection(s, "a", "b") == (300.0, False)
     # Both demands read one list of totals, summed once.
-    assert len(steps) == 2 and steps[0] is steps[1]
-    assert [st[:2] for st in steps[0]] == [(100.0, 1), (200.0, 2), (300.0, 3), (400.0, 4)]
-    assert [st[2] for st in steps[0]] == [16_000, 32_000, 48_000, 64_000]
+    assert after.release_steps_read - before.release_steps_read == 2
+    assert after.release_steps_summed - before.release_steps_summed == 1
+    steps = release_steps(s, "a")
+    assert [st[:2] for st in steps] == [(100.0, 1), (200.0, 2), (300.0, 3), (400.0, 4)]
+    assert [st[2] for st in steps] == [16_000, 32_000, 48_000, 64_000]

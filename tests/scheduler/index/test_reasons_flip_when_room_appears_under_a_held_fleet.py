@@ -1,10 +1,10 @@
 """A demand finds room under a held fleet: its fits' reasons flip without a full check.
 
 When every cluster a queue may use is held from above, a visit reads capacity only as
-whether each demand has room anywhere (``_held_still``). A completion that gives a demand
+whether each demand has room anywhere. A completion that gives a demand
 its first room anywhere moves the answer of every fit of it from ``NoClusterCapacity``
-to ``HeldForGang``, in every queue below the hold: ``_held_flip`` changes those reasons
-in place (a strict head's holds go, a reserving head that now has room gives its
+to ``HeldForGang``, in every queue below the hold: the core changes those reasons in
+place (``index.view.counts``' ``held_flips``) (a strict head's holds go, a reserving head that now has room gives its
 reservation to the next action with none) instead of checking each queue in full.
 
 Pinned down here, event by event, against a full pass on a copy (``invalidate``) and
@@ -32,6 +32,7 @@ from headway.scheduler import (
     Scheduler,
 )
 from headway.scheduler.core import Admitted
+from headway.scheduler.index.view import counts, holds
 from headway.scheduler.model import replicas_demand
 from headway.scheduler.resources import Pod
 
@@ -135,39 +136,23 @@ def _apply(s: Scheduler, op: Op, seq: int) -> float:
     return apply_op(s, op, seq, estimate=60.0)
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Count ``_held_flip``'s successes, and those where a reserving head went."""
-    seen = {"flips": 0, "heads": 0}
-    real = Scheduler._held_flip
-
-    def spy(self: Scheduler, q: Any, flips: Any, head_went: bool, *rest: Any) -> Any:
-        got = real(self, q, flips, head_went, *rest)
-        if got is not None:
-            seen["flips"] += 1
-            seen["heads"] += head_went
-        return got
-
-    monkeypatch.setattr(Scheduler, "_held_flip", spy)
-    return seen
-
-
 def test_the_setup_holds_the_fleet_and_nothing_below_finds_room() -> None:
     s = _build(True)
     assert len(s.schedule(0.0)) == 4 * N_CLUSTERS
     assert s.reason("H") == "NoClusterCapacity"
-    assert sorted(s._holds) == [f"c{i}" for i in range(N_CLUSTERS)]
+    assert sorted(holds(s)) == [f"c{i}" for i in range(N_CLUSTERS)]
     for k in range(8):
         assert s.reason(f"Q{k}.0") == "NoClusterCapacity"
 
 
-def test_flips_under_a_held_fleet_decide_as_a_full_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """After every event: the incremental pass (with ``_held_flip``) against a full pass
+def test_flips_under_a_held_fleet_decide_as_a_full_pass() -> None:
+    """After every event: the incremental pass (reasons flipped in place) against a full pass
     on a copy taken before it; and what each queue would make again when next found
     unchanged (a strict head that found room holds nothing, a reserving head that did
     reserves no more)."""
-    seen = _counting(monkeypatch)
     s = _build(True)
     s.schedule(0.0)
+    before = counts(s)
     for i, op in enumerate(OPS):
         t = _apply(s, op, 1000 + i)
         full = copy.deepcopy(s)
@@ -176,7 +161,9 @@ def test_flips_under_a_held_fleet_decide_as_a_full_pass(monkeypatch: pytest.Monk
         assert _state(s) == _state(full), op
         assert _replayed(s) == _replayed(full), op
     # The mechanism was used, past a reserving head and where one went.
-    assert seen["flips"] > seen["heads"] > 0
+    after = counts(s)
+    flips = after.held_flips - before.held_flips
+    assert flips > after.held_flips_head_went - before.held_flips_head_went > 0
 
 
 def test_flips_under_a_held_fleet_decide_as_the_plain_loop() -> None:
@@ -197,7 +184,7 @@ def _due(s: Scheduler) -> int:
 @pytest.mark.parametrize("read_at", [None, 0, 1, 2, 4, 7])
 def test_flips_given_late_decide_as_the_plain_loop(read_at: int | None) -> None:
     """A flip under a held fleet changes its fits at once and their classes' members
-    only when something next reads or changes them (``_Queue.due``): here nothing reads
+    only when something next reads or changes them (a queue's ``due`` list): here nothing reads
     the reasons between events (but once, after event ``read_at``), so flips wait across
     completions, submits into their queues and a cancel, and are given late: every
     member ends with the same reason, and the same reasons in the same order, as in the

@@ -3,8 +3,9 @@
 When a strict head above holds every cluster a queue may use, a visit of that queue reads
 capacity only as whether each demand has room anywhere (``HeldForGang`` if so,
 ``NoClusterCapacity`` if not) and, for a reserving queue, through its head's
-reservation. ``Scheduler._held_still`` checks just that after a completion, and leaves
-where each fit found room (``first``, ``rooms``, ``views``) for a later full check: the
+reservation. The held-fleet re-check reads just that after a completion
+(``index.view.counts``' ``held_rechecks_settled``), and leaves where each fit found room
+for a later full check: the
 changed clusters join the queue's ``stale`` set, and the next full check takes them as
 changed. These cases pin that down against the plain loop
 (``Scheduler(incremental=False)``): same admissions, same reasons, step by step.
@@ -30,9 +31,17 @@ from headway.scheduler import (
     Priority,
     QueueSpec,
     Scheduler,
-    core,
 )
-from headway.scheduler.fit import runs_of
+from headway.scheduler.index.view import (
+    Counts,
+    all_held,
+    counts,
+    holds,
+    kept_room_list,
+    room_anywhere,
+    room_list,
+    room_list_afresh,
+)
 from headway.scheduler.resources import Pod
 
 from ..helpers import apply_op, submitter
@@ -110,33 +119,19 @@ def _state(s: Scheduler) -> list[Any]:
     return sorted((a.id, a.state, a.cluster, a.last, tuple(a.reasons)) for a in s.actions.values())
 
 
-def _count_held(s: Scheduler) -> list[int]:
-    """Count the re-checks ``s._held_still`` settles; the count is ``[0]``, kept live."""
-    count = [0]
-    real = s._held_still
-
-    def spy(*args: Any) -> bool | None:
-        got = real(*args)
-        count[0] += got is True
-        return got
-
-    s._held_still = spy  # type: ignore[method-assign,assignment]
-    return count
-
-
 def _run(ops: list[Op], incremental: bool) -> tuple[list[Any], int, int]:
     """The log of every pass, how many re-checks took the held path, and the largest
     ``stale`` set seen after a pass."""
     s = _build(incremental)
     log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
-    held = _count_held(s)
+    before = counts(s).held_rechecks_settled
     most_stale = 0
     for op in ops:
         t = apply_op(s, op, 1000 + len(log))
         log.append(sorted(x.action_id for x in s.schedule(t)))
         log.append(_state(s))
         most_stale = max([most_stale, *(len(q.stale or ()) for q in s.queues.values())])
-    return log, held[0], most_stale
+    return log, counts(s).held_rechecks_settled - before, most_stale
 
 
 @pytest.mark.parametrize(("ops", "takes_held_path"), CASES)
@@ -181,20 +176,32 @@ def test_the_held_path_leaves_records_stale_and_the_hold_going_refreshes_them() 
 
 
 def test_all_held_counts_only_healthy_clusters_of_the_selector() -> None:
-    """A cluster that is down is no cluster the queue may use: the rest held is all."""
-    s = _build(True)
+    """A cluster that is down is no cluster the queue may use: the rest held is all.
+    (``H``'s queue pinned to four clusters: it holds those four; ``g`` and ``s`` below,
+    empty, hold nothing.)"""
+    below = [QueueSpec(n, priority=Priority.medium, algorithm=BELOW[n]) for n in ("g", "s")]
+    s, _ = _held_from_above(below, True, lambda i: 100.0)
     s.schedule(0.0)
-    q = s.queues["g"]
-    s._holds = {f"c{i}": "H" for i in range(4)}
-    s._held_cache = {}
-    assert not s._all_held(q)
+    assert all_held(s, "g")
+    s.upsert_queue(
+        QueueSpec(
+            "hold",
+            priority=Priority.high,
+            algorithm=Algorithm.strict,
+            clusters=("c0", "c1", "c2", "c3"),
+        )
+    )
+    s.schedule(0.5)
+    assert sorted(holds(s)) == ["c0", "c1", "c2", "c3"]
+    assert not all_held(s, "g")
     s.set_cluster_health("c4", False)
-    s._held_cache = {}
-    assert s._all_held(q)
-    assert core.Scheduler._all_held(s, s.queues["s"])
+    s.schedule(0.6)
+    assert sorted(holds(s)) == ["c0", "c1", "c2", "c3"]
+    assert all_held(s, "g")
+    assert all_held(s, "s")
 
 
-# ``_any_room`` answers from the last list of clusters with room and the capacity log
+# ``index.view.room_anywhere`` answers from the last list of clusters with room and the capacity log
 # since (without making the list again): pinned against the list made afresh. Each case:
 # the actions that end first (their nodes freed), the selector asked about, the pod.
 ROOM_CASES = [
@@ -216,25 +223,21 @@ def test_any_room_from_the_log_matches_the_list_made_afresh(
 ) -> None:
     s = _build(True)
     s.schedule(0.0)
-    runs = runs_of((pod,))
-    dkey = s._dkey((pod,))
-    key = (sel, dkey)
+    pods = (pod,)
     # The list as a walk made it before the completions.
-    s._cands_of(key, runs, None)
+    room_list(s, sel, pods)
     for i, aid in enumerate(ends):
         s.finish(aid, 1.0 + i)
-    s._noroom = set()
-    s._moved_cache = {}
-    got = s._any_room(sel, dkey, runs)
+    got = room_anywhere(s, sel, pods)
     # With completions, the answer came from the log: the list is left out of date
     # when some cluster has room, and brought up to date (empty) when none has.
-    kept = s._cands[key]
-    assert (kept.pos == s._cap_base + len(s._cap_log)) == (not ends or not got)
-    del s._cands[key]
-    fresh = s._cands_of(key, runs, None)
-    assert got == bool(fresh.order)
+    kept = kept_room_list(s, sel, pods)
+    assert kept is not None
+    assert kept.current == (not ends or not got)
+    fresh = room_list_afresh(s, sel, pods)
+    assert got == bool(fresh.clusters)
     if ends and not got:
-        assert (kept.order, kept.names) == (fresh.order, fresh.names) == ([], frozenset())
+        assert kept.clusters == fresh.clusters == ()
 
 
 def test_any_room_a_cluster_that_moved_and_lost_its_room_does_not_vouch() -> None:
@@ -243,26 +246,23 @@ def test_any_room_a_cluster_that_moved_and_lost_its_room_does_not_vouch() -> Non
     s.schedule(0.0)
     s.finish("F0", 1.0)
     s.schedule(1.0)
-    runs = runs_of((NODE,))
-    dkey = s._dkey((NODE,))
-    key = (("c0", "c1", "c2", "c3", "c4"), dkey)  # asked by no queue: no walk remakes it
-    assert s._cands_of(key, runs, None).order, "the freed node is room"
+    sel = ("c0", "c1", "c2", "c3", "c4")  # asked by no queue: no walk remakes it
+    pods = (NODE,)
+    assert room_list(s, sel, pods).clusters, "the freed node is room"
     s.submit(ActionSpec("F10", "fill", (NODE,), submit=2.0, seq=999, estimate=5.0), 2.0)
     assert [x.action_id for x in s.schedule(2.0)] == ["F10"]
-    s._noroom = set()
-    s._moved_cache = {}
-    assert s._cands[key].pos != s._cap_base + len(s._cap_log)
-    assert s._any_room(key[0], dkey, runs) is False
-    del s._cands[key]
-    assert not s._cands_of(key, runs, None).order
+    kept = kept_room_list(s, sel, pods)
+    assert kept is not None and not kept.current
+    assert room_anywhere(s, sel, pods) is False
+    assert not room_list_afresh(s, sel, pods).clusters
 
 
 # --- records found at more than one capacity never take the held path -----------------
 #
 # A queue whose last visit admitted work keeps records found at more than one capacity
 # (``_Queue.mixed``): each answer at the capacity its admissions before it left. Such
-# records are re-checked in full (``_evals_still``, with its care for class members
-# decided on their own), never by ``_held_still``, which reads only whether each demand
+# records are re-checked in full (with its care for class members decided on their
+# own), never by the held-fleet re-check, which reads only whether each demand
 # has room anywhere and leaves the rest stale. Queue ``m`` (medium) admits ``M0`` on a
 # freed node; its gangs ``M1`` to ``M3`` (a whole cluster each) find no room. Then a
 # strict head ``H`` above holds the fleet, and more nodes free, one per cluster: ``m``
@@ -274,9 +274,9 @@ MIXED_CASES = [
 ]
 
 
-def _mixed_run(algo: Algorithm, incremental: bool) -> tuple[list[Any], list[str]]:
-    """The log of every pass, and the path of each check of ``m``'s mixed records
-    under a held fleet ("held" or "full")."""
+def _mixed_run(algo: Algorithm, incremental: bool) -> tuple[list[Any], Counts]:
+    """The log of every pass, and the work counts of the run (``index.view.counts``:
+    mixed records re-checked by the held path, and in full under a held fleet)."""
     clusters = [ClusterSpec(f"c{i}", (NodeGroup("n", 2, NODE),)) for i in range(5)]
     queues = [
         QueueSpec("fill", priority=Priority.critical, algorithm=Algorithm.greedy),
@@ -290,22 +290,6 @@ def _mixed_run(algo: Algorithm, incremental: bool) -> tuple[list[Any], list[str]
     add("m", "M0", (NODE,), 20.0)
     for k in range(1, 4):
         add("m", f"M{k}", (NODE, NODE), 30.0)
-    # Per check of ``m``'s mixed records with the fleet held: which path it took.
-    seen: list[str] = []
-    real_held, real_still = s._held_still, s._still
-
-    def held(q: Any, *args: Any) -> bool | None:
-        if q.spec.name == "m" and q.mixed:
-            seen.append("held")
-        return real_held(q, *args)
-
-    def still(q: Any, *args: Any, **kw: Any) -> bool:
-        if q.spec.name == "m" and q.mixed and len(s._holds) == len(s.clusters):
-            seen.append("full")
-        return real_still(q, *args, **kw)
-
-    s._held_still = held  # type: ignore[method-assign,assignment]
-    s._still = still  # type: ignore[method-assign]
     log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
     ops: list[Op] = [
         ("finish", "F0", 1.0),  # M0 starts on c0: m's records are mixed
@@ -319,7 +303,7 @@ def _mixed_run(algo: Algorithm, incremental: bool) -> tuple[list[Any], list[str]
         t = apply_op(s, op, 1000 + len(log), 40.0)
         log.append(sorted(x.action_id for x in s.schedule(t)))
         log.append(_state(s))
-    return log, seen
+    return log, counts(s)
 
 
 @pytest.mark.parametrize("algo", MIXED_CASES)
@@ -327,15 +311,18 @@ def test_mixed_records_under_a_held_fleet_are_rechecked_in_full(algo: Algorithm)
     fast, seen = _mixed_run(algo, True)
     plain, plain_seen = _mixed_run(algo, False)
     assert fast == plain
-    assert plain_seen == []
+    assert plain_seen.full_rechecks_mixed_under_held_fleet == 0
+    assert plain_seen.held_rechecks_mixed == 0
     assert fast[2] == ["M0"], "M0 starts on the freed node: m's records are mixed"
-    assert "full" in seen, "the scenario must check mixed records under a held fleet"
-    assert "held" not in seen, "mixed records went through the held path"
+    assert seen.full_rechecks_mixed_under_held_fleet > 0, (
+        "the scenario must check mixed records under a held fleet"
+    )
+    assert seen.held_rechecks_mixed == 0, "mixed records went through the held path"
 
 
 # --- the held path's stale set, shared only between queues that stood alike ------------
 #
-# ``_pass`` takes the commonest held re-check inline (no reservation, nothing expired,
+# The pass takes the commonest held re-check inline (no reservation, nothing expired,
 # the verdict and the stale set already worked out for a queue before it): the set may
 # be shared only if the queue's stale set before and its changed clusters are the very
 # ones that answer was made from. Below ``H``'s hold, gangs of a whole cluster find no
@@ -393,7 +380,7 @@ def _stale_run(
         for k in range(3):
             add(n, f"{n}{k}", (NODE, NODE), 10.0 * (k + 1))
     log: list[Any] = [sorted(x.action_id for x in s.schedule(0.0)), _state(s)]
-    held = _count_held(s)
+    before = counts(s).held_rechecks_settled
     t = 0.0
     for step in ends:
         t += 1.0
@@ -409,7 +396,7 @@ def _stale_run(
     s.cancel("H", t + 1.0)
     log.append(sorted(x.action_id for x in s.schedule(t + 1.0)))
     log.append(_state(s))
-    return log, stale, held[0]
+    return log, stale, counts(s).held_rechecks_settled - before
 
 
 @pytest.mark.parametrize(("below", "ends", "want"), STALE_CASES)

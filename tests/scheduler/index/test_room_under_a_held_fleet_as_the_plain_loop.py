@@ -3,11 +3,12 @@
 Two things the re-checks below a held fleet keep, pinned down here against
 ``Scheduler(incremental=False)`` (same admissions, same reasons, step by step):
 
-- ``_any_room``'s list of clusters with room for a demand (``_cands``): when a question
-  finds no room anywhere, the list is brought up to date as empty, so the next question
+- the list of clusters with room for a demand that "room anywhere?" reads
+  (``index.view.room_anywhere``, ``kept_room_list``): when a question finds no room
+  anywhere, the list is brought up to date as empty, so the next question
   looks only at the clusters that moved after it (a demand with no room anywhere is
   asked after every completion); and a cluster of the list that has not moved since
-  (by the log position of its latest change, ``_touched``) vouches for room without a
+  (by the log position of its latest change) vouches for room without a
   read of the log;
 - each cluster's placement order key, kept for the free state (and the ``known`` flag)
   it was made from.
@@ -32,8 +33,13 @@ from headway.scheduler import (
     QueueSpec,
     Scheduler,
 )
-from headway.scheduler.core import _order_key
-from headway.scheduler.fit import runs_of
+from headway.scheduler.index.view import (
+    RoomList,
+    holds,
+    kept_room_list,
+    placement_key,
+    room_anywhere,
+)
 from headway.scheduler.resources import Pod
 
 from ..helpers import apply_op, submitter
@@ -178,7 +184,7 @@ def test_the_setup_holds_the_fleet_and_three_quarters_find_no_room() -> None:
     assert s.reason("H") == "NoClusterCapacity"
     assert s.reason("G10") == "NoClusterCapacity"
     assert s.reason("G11") == "NoClusterCapacity"
-    assert sorted(s._holds) == [f"c{i}" for i in range(5)]
+    assert sorted(holds(s)) == [f"c{i}" for i in range(5)]
 
 
 def test_no_room_anywhere_brings_the_list_up_to_date() -> None:
@@ -186,15 +192,12 @@ def test_no_room_anywhere_brings_the_list_up_to_date() -> None:
     the next question reads only what moved since: a node freed to room then counts."""
     s = _build(True)
     s.schedule(0.0)
-    runs = runs_of((THREE,))
-    dkey = s._dkey((THREE,))
-    key = (None, dkey)
+    pods = (THREE,)
     ends = [("end", "c0", 1.0), ("end", "c1", 2.0)]
     for op in ends:
         _apply(s, op, 0)
         s.schedule(op[2])
-    assert s._cands[key].pos == s._cap_base + len(s._cap_log)
-    assert (s._cands[key].order, s._cands[key].names) == ([], frozenset())
+    assert kept_room_list(s, None, pods) == RoomList((), current=True)
     for op in [("end", "c0", 3.0), ("end", "c0", 4.0)]:
         _apply(s, op, 0)
         s.schedule(op[2])
@@ -204,9 +207,7 @@ def test_no_room_anywhere_brings_the_list_up_to_date() -> None:
     _apply(s, ("end", "c3", 5.0), 0)
     s.schedule(5.0)
     assert s.reason("G10") == "HeldForGang"
-    s._noroom = set()
-    s._moved_cache = {}
-    assert s._any_room(None, dkey, runs) is True
+    assert room_anywhere(s, None, pods) is True
 
 
 def test_order_keys_follow_free_state_and_known() -> None:
@@ -219,18 +220,18 @@ def test_order_keys_follow_free_state_and_known() -> None:
 
     s = _build(True)
     c = s.clusters["c2"]
-    assert _order_key(c) == fresh(c)
+    assert placement_key(c) == fresh(c)
     s.schedule(0.0)
-    assert _order_key(c) == fresh(c)
-    first = _order_key(c)
-    assert _order_key(c) is first, "kept while the free state stands"
+    assert placement_key(c) == fresh(c)
+    first = placement_key(c)
+    assert placement_key(c) is first, "kept while the free state stands"
     on = [a for a in s.actions.values() if a.cluster == "c2"]
     s.finish(on[0].id, 1.0)
-    assert _order_key(c) == fresh(c) != first
+    assert placement_key(c) == fresh(c) != first
     x = c.clone()
     x.give(on[1].runs, on[1].nodes)
-    assert _order_key(x) == fresh(x) != _order_key(c)
+    assert placement_key(x) == fresh(x) != placement_key(c)
     version = c.version
     s.report_capacity("c2", None)
     assert c.version == version
-    assert _order_key(c) == fresh(c) == (1, 1, 0, 0, "c2")
+    assert placement_key(c) == fresh(c) == (1, 1, 0, 0, "c2")
