@@ -337,10 +337,29 @@ class KubePools:
         return f"{self.advertise}:{self.port}"
 
     async def start(self) -> None:
+        """Listen, and delete the pool pods that ended in this namespace: left by a worker
+        that crashed (their connection dropped, their process ended; nothing else would
+        delete them). Running ones are left alone: another worker's, or ending."""
         self._server = await asyncio.start_server(
             self._accept, self.bind, self.port, limit=LINE_LIMIT
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        try:
+            await self._delete_ended()
+        except ApiException as exc:  # no right to list or delete: they stay, as before
+            log.warning("pool pods in %s left as they are: %s", self.namespace, exc.reason)
+
+    async def _delete_ended(self) -> None:
+        api = k8s.CoreV1Api(self.api)
+        pods = await asyncio.to_thread(
+            api.list_namespaced_pod, self.namespace, label_selector=POOL_LABEL
+        )
+        for pod in pods.items:
+            name = pod.metadata.name if pod.metadata is not None else None
+            if name and pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
+                log.info("deleting pool pod %s, ended before this worker", name)
+                with contextlib.suppress(ApiException):
+                    await asyncio.to_thread(api.delete_namespaced_pod, name, self.namespace)
 
     async def run(
         self,

@@ -215,3 +215,34 @@ def test_a_pool_listen_address_is_host_and_port(value: str, parsed: tuple[str, i
 def test_a_bad_pool_listen_address_is_refused_naming_it(value: str) -> None:
     with pytest.raises(ValueError, match=rf"--pool-listen: '{value}' is not HOST:PORT"):
         parse_listen(value)
+
+
+async def test_pool_pods_that_ended_before_the_worker_started_are_deleted_running_ones_kept(
+    kube: FakeKube,
+) -> None:
+    # What a crashed worker leaves: pods whose connection dropped and whose process ended.
+    async def pool_pod(name: str, phase: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": {POOL_LABEL: "kwarm-x"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "task", "image": "python:3"}]},
+            "status": {"phase": phase},
+        }
+        async with kube.post(f"/api/v1/namespaces/{NS}/pods", json=body) as resp:
+            assert resp.status < 300, await resp.text()
+
+    await pool_pod("hw-pool-kwarm-x-old-0", "Succeeded")
+    await pool_pod("hw-pool-kwarm-x-old-1", "Failed")
+    await pool_pod("hw-pool-kwarm-x-other-0", "Running")
+    cfg = k8s.Configuration()
+    cfg.host = str(kube.url).rstrip("/")
+    api = k8s.ApiClient(cfg)
+    pools = KubePools(api, NS, advertise="127.0.0.1", bind="127.0.0.1")
+    try:
+        await pools.start()
+        left = sorted(p["metadata"]["name"] for p in kube.live("pods"))
+        assert left == ["hw-pool-kwarm-x-other-0"]
+    finally:
+        await pools.close()
+        api.close()
