@@ -45,7 +45,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from .sim_task import TASK_ENTRYPOINT, PoolShape, TaskOutcome
+from .sim_task import TASK_ENTRYPOINT, PoolShape, TaskOutcome, ask_member
 
 __all__ = ["POOL_LABEL", "KubePools", "PoolUnavailable", "parse_listen", "pool_pod_names"]
 
@@ -202,19 +202,9 @@ class _KubePool:
             rid = f"c{next(_IDS)}"
             fut: asyncio.Future[tuple[int, str | None]] = asyncio.get_running_loop().create_future()
             pod.calls[rid] = fut
-            pod.send({"id": rid, "argv": command[3:], "env": env})
-            if on_start is not None:
-                on_start(pod.name)
-            try:
-                code, document = await asyncio.shield(fut)
-            except asyncio.CancelledError:
-                pod.calls.pop(rid, None)
-                with contextlib.suppress(Exception):
-                    pod.send({"cancel": rid})
-                raise
-            finally:
-                async with self.changed:
-                    self.changed.notify_all()
+            msg = {"id": rid, "argv": command[3:], "env": env}
+            started = (lambda: on_start(pod.name)) if on_start is not None else None
+            code, document = await ask_member(pod.send, pod.calls, msg, fut, self.changed, started)
             return _outcome(code, document, pod.name)
         finally:
             self.busy -= 1

@@ -33,9 +33,10 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "OUTPUT_FILE_ENV",
@@ -43,6 +44,7 @@ __all__ = [
     "TASK_ENTRYPOINT",
     "PoolShape",
     "TaskOutcome",
+    "ask_member",
     "is_task_command",
     "master_port",
     "outcome_of",
@@ -211,7 +213,7 @@ class _Replica:
         with the process's exit code)."""
         return self.reader is not None and not self.reader.done()
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: Mapping[str, Any]) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps(msg) + "\n").encode())
 
@@ -289,17 +291,8 @@ class _Pool:
                     f"runs in pool {self.shape.name!r}, process {replica.proc.pid}"
                     f" (its output: {replica.log})\n"
                 )
-            replica.send({"id": rid, "argv": command[3:], "output": str(output_file), "env": env})
-            try:
-                code = await asyncio.shield(fut)
-            except asyncio.CancelledError:
-                replica.calls.pop(rid, None)
-                with contextlib.suppress(Exception):
-                    replica.send({"cancel": rid})
-                raise
-            finally:
-                async with self.changed:
-                    self.changed.notify_all()
+            msg = {"id": rid, "argv": command[3:], "output": str(output_file), "env": env}
+            code = await ask_member(replica.send, replica.calls, msg, fut, self.changed)
             return outcome_of(code, output_file, replica.log)
         finally:
             self.busy -= 1
@@ -327,6 +320,36 @@ class _Pool:
                     os.killpg(r.proc.pid, signal.SIGKILL)
                 with contextlib.suppress(Exception):
                     await r.proc.wait()
+
+
+_T = TypeVar("_T")
+
+
+async def ask_member(
+    send: Callable[[Mapping[str, Any]], None],
+    calls: dict[str, asyncio.Future[_T]],
+    msg: dict[str, Any],
+    fut: asyncio.Future[_T],
+    changed: asyncio.Condition,
+    sent: Callable[[], None] | None = None,
+) -> _T:
+    """One call to a pool member (a sim process, a Kubernetes pool pod): ``msg`` sent
+    (then ``sent()``), its answer awaited; cancelled, the member is told to cancel it.
+    Either way the pool's ``changed`` is notified: the member has a slot again."""
+    rid = str(msg["id"])
+    send(msg)
+    if sent is not None:
+        sent()
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        calls.pop(rid, None)
+        with contextlib.suppress(Exception):
+            send({"cancel": rid})
+        raise
+    finally:
+        async with changed:
+            changed.notify_all()
 
 
 def _safe(name: str) -> str:
