@@ -271,6 +271,8 @@ def _value_error_as_usage() -> Iterator[None]:
 #: first verdict: the first pass comes within tens of milliseconds of the lease on a
 #: healthy control plane; a slower one leaves the action reported as waiting.
 FIRST_VERDICT_S = 1.5
+#: How often it asks the scheduler whether it holds the action yet (then: accepted).
+VERDICT_POLL_S = 0.05
 
 
 @dataclass
@@ -300,7 +302,7 @@ class _Batch:
         hw = HeadwayClient(client, tenant=self.tenant, ui_url=self.ui_url)
         actions = [a for one in self.ids if (a := await self._submit_one(hw, one)) is not None]
         if not self.wait:
-            late = await asyncio.gather(*(self._first_verdict(a) for a in actions))
+            late = await asyncio.gather(*(self._first_verdict(client, a) for a in actions))
             for action, rejected in zip(actions, late, strict=True):
                 if rejected is None:
                     _report(action, self.queue, as_json=self.as_json, waiting=False)
@@ -336,20 +338,43 @@ class _Batch:
             _report(action, self.queue, as_json=self.as_json, waiting=True)
         return action
 
-    async def _first_verdict(self, action: Action) -> SubmissionRejected | None:
+    async def _first_verdict(self, client: Client, action: Action) -> SubmissionRejected | None:
         """The rejection of a new, waiting action by its scheduler's first pass, if it
-        comes within ``FIRST_VERDICT_S``; None: accepted (or still undecided)."""
+        comes within ``FIRST_VERDICT_S``; None: accepted (the scheduler holds it in its
+        window, asked every ``VERDICT_POLL_S``), or still undecided."""
         if not action.created or action.state != "waiting":
             return None
+        ended = asyncio.ensure_future(action.result())
+        taken = asyncio.ensure_future(self._in_window(client, action.id))
         try:
-            result = await asyncio.wait_for(action.result(), FIRST_VERDICT_S)
-        except Exception:  # undecided within the time (or ended otherwise): as submitted
+            done, _ = await asyncio.wait(
+                {ended, taken}, timeout=FIRST_VERDICT_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for f in (ended, taken):
+                f.cancel()
+        if ended not in done or ended.cancelled() or ended.exception() is not None:
             return None
+        result = ended.result()
         if getattr(result, "state", None) != "rejected":
             return None
         return rejection(
             self.tenant, action.id, self.queue, result.reason or "Rejected", result.message
         )
+
+    async def _in_window(self, client: Client, action_id: str) -> None:
+        """Return once the tenant's scheduler holds the action (waiting or running)."""
+        from headway import protocol
+
+        sched = client.get_workflow_handle(protocol.scheduler_workflow_id(self.tenant))
+        while True:
+            try:
+                seen = await sched.query("why", action_id)
+                if isinstance(seen, dict) and seen.get("state") is not None:
+                    return
+            except Exception:  # the scheduler starting, or mid continue-as-new: ask again
+                pass
+            await asyncio.sleep(VERDICT_POLL_S)
 
     async def _wait_one(self, action: Action) -> bool:
         """Wait for one action and print how it ended; False if it did not succeed.
