@@ -121,6 +121,10 @@ BITE = 100
 #: Decisions per dispatch activity call.
 DISPATCH_BATCH = 1000
 MAX_DISPATCH_INFLIGHT = 4
+#: A regular dispatch lost with its control-plane worker (kill -9) is retried after this
+#: long: it bounds how long its undelivered admissions wait after a crash. (Since
+#: ``hand-over-first`` most signals go this way; 1,000 signals take a few seconds.)
+REMOTE_DISPATCH_TIMEOUT_S = 60
 #: Batches up to this size (and without probes) are dispatched by a *local* activity in
 #: the pass's own workflow task: no activity task round trip, no extra workflow task.
 LOCAL_DISPATCH_MAX = 100
@@ -1169,7 +1173,11 @@ class SchedulerWorkflow:
         seen = self._seen_sync
         try:
             res = await _activity(
-                DISPATCH_ACTIVITY, batch, DispatchResult, local=False, timeout_s=120
+                DISPATCH_ACTIVITY,
+                batch,
+                DispatchResult,
+                local=False,
+                timeout_s=REMOTE_DISPATCH_TIMEOUT_S,
             )
         finally:
             self._history_moved_on(seen)
