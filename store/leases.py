@@ -173,11 +173,23 @@ class _Prepared:
 
     def __init__(self, dialect: str) -> None:
         leases = cast(Table, LeaseRow.__table__)
-        flags = cast(Table, ShardFlag.__table__)
-        admissions = cast(Table, AdmissionRow.__table__)
-        doors = cast(Table, DoorRow.__table__)
         t: Any = bindparam("t")
         lkey = (leases.c.tenant == t) & (leases.c.action_id == bindparam("a"))
+        self._door_statements(dialect, t)
+        self._held_statements(t, lkey)
+        self._upserts(dialect, t)
+        self._flag_statements(dialect, t)
+        self._end_statements(dialect, t, lkey)
+        self._sync_statements(dialect, t)
+        #: SQLite: the hot path's statements as SQL text for the DBAPI cursor (see
+        #: ``_DBAPIConn``), by ``id()`` of the statement object: (text, fixed params).
+        self.dbapi_sql: dict[int, tuple[str, dict[str, Any]]] = {}
+        if dialect == "sqlite":
+            self._compile_hot()
+
+    def _door_statements(self, dialect: str, t: Any) -> None:
+        """The door: a tenant's and a queue's depth, status and token bucket."""
+        doors = cast(Table, DoorRow.__table__)
         # The door: the tenant's row ("") and the queue's, tenant's first (the order in
         # which PostgreSQL locks them, see ``_door``).
         door_q: Any = (
@@ -200,6 +212,10 @@ class _Prepared:
             .where((doors.c.tenant == t) & (doors.c.queue == bindparam("q")))
             .values(tokens=bindparam("k"), token_time=bindparam("at"))
         )
+
+    def _held_statements(self, t: Any, lkey: Any) -> None:
+        """Whether a lease exists, and what a queue holds."""
+        leases = cast(Table, LeaseRow.__table__)
         self.lease_exists = select(leases.c.id).where(lkey)
         # What a queue holds: its leases not ended (pending, or claimed and neither
         # finished nor cancelled), counted up to ``n`` only (the depth): a seek in
@@ -215,6 +231,11 @@ class _Prepared:
             .subquery()
         )
         self.held = select(func.count()).select_from(held)
+
+    def _upserts(self, dialect: str, t: Any) -> None:
+        """The inserts that need ``INSERT ... ON CONFLICT`` (SQLite, PostgreSQL only)."""
+        leases = cast(Table, LeaseRow.__table__)
+        flags = cast(Table, ShardFlag.__table__)
         self.lease_insert: Any = None
         self.flip: Any = None
         self.finished_insert: Any = None
@@ -235,6 +256,10 @@ class _Prepared:
                 )
                 .returning(flags.c.tenant)
             )
+
+    def _flag_statements(self, dialect: str, t: Any) -> None:
+        """The shard's flags: which queues have new work, group-commit locks."""
+        flags = cast(Table, ShardFlag.__table__)
         self.lock_flags: Any = None
         self.ensure_flags: Any = None
         if dialect == "postgresql":
@@ -271,6 +296,11 @@ class _Prepared:
             .where((flags.c.tenant == t) & (flags.c.channel == bindparam("c")))
             .values(dirty=False)
         )
+
+    def _end_statements(self, dialect: str, t: Any, lkey: Any) -> None:
+        """An action's end: its admission row, its lease deleted or marked done."""
+        leases = cast(Table, LeaseRow.__table__)
+        admissions = cast(Table, AdmissionRow.__table__)
         # A retried dispatch rewrites the same rows: insert, or replace what is there
         # (one statement for the batch, where delete + insert compiled an IN list anew
         # for every batch).
@@ -295,7 +325,11 @@ class _Prepared:
             .values(done=bindparam("k"))
         )
         self.done_claim = select(leases.c.done_claim).where(lkey)
-        # sync
+
+    def _sync_statements(self, dialect: str, t: Any) -> None:
+        """The scheduler's sync: collect ends, claim pending leases, read them back."""
+        leases = cast(Table, LeaseRow.__table__)
+        admissions = cast(Table, AdmissionRow.__table__)
         ids: Any = bindparam("ids", expanding=True)
         collected = (
             (leases.c.tenant == t)
@@ -392,36 +426,35 @@ class _Prepared:
             .where((leases.c.tenant == t) & (leases.c.done_claim == bindparam("tok")))
             .order_by(leases.c.id)
         )
-        #: SQLite: the hot path's statements as SQL text for the DBAPI cursor (see
-        #: ``_DBAPIConn``), by ``id()`` of the statement object: (text, fixed params).
-        self.dbapi_sql: dict[int, tuple[str, dict[str, Any]]] = {}
-        if dialect == "sqlite":
-            named = sqlite.dialect(paramstyle="named")
-            hot: list[tuple[Any, list[str] | None]] = [
-                (self.door_rows, None),
-                (self.door_bucket, None),
-                (self.lease_exists, None),
-                (self.held, None),
-                (self.lease_insert, list(_LEASE_COLUMNS)),
-                (self.flip, None),
-                (self.flag_value, None),
-                (self.mark_done, None),
-                (self.pending_delete, None),
-                (self.done_claim, None),
-                (self.admission_delete, None),
-                (self.lease_delete, None),
-                (self.finished_insert, list(FINISHED_COLUMNS)),
-            ]
-            for stmt, keys in hot:
-                compiled = stmt.compile(dialect=named, column_keys=keys)
-                # Values fixed in the statement itself (literals such as 'pending');
-                # a parameter left out by a caller stays missing and fails loudly.
-                fixed = {
-                    name: compiled.params[name]
-                    for bind, name in compiled.bind_names.items()
-                    if not bind.required
-                }
-                self.dbapi_sql[id(stmt)] = (str(compiled), fixed)
+
+    def _compile_hot(self) -> None:
+        """SQLite's hot statements compiled once to SQL text for the DBAPI cursor."""
+        named = sqlite.dialect(paramstyle="named")
+        hot: list[tuple[Any, list[str] | None]] = [
+            (self.door_rows, None),
+            (self.door_bucket, None),
+            (self.lease_exists, None),
+            (self.held, None),
+            (self.lease_insert, list(_LEASE_COLUMNS)),
+            (self.flip, None),
+            (self.flag_value, None),
+            (self.mark_done, None),
+            (self.pending_delete, None),
+            (self.done_claim, None),
+            (self.admission_delete, None),
+            (self.lease_delete, None),
+            (self.finished_insert, list(FINISHED_COLUMNS)),
+        ]
+        for stmt, keys in hot:
+            compiled = stmt.compile(dialect=named, column_keys=keys)
+            # Values fixed in the statement itself (literals such as 'pending');
+            # a parameter left out by a caller stays missing and fails loudly.
+            fixed = {
+                name: compiled.params[name]
+                for bind, name in compiled.bind_names.items()
+                if not bind.required
+            }
+            self.dbapi_sql[id(stmt)] = (str(compiled), fixed)
 
 
 class _DBAPIRows:
