@@ -34,6 +34,11 @@ DISPATCH = DISPATCH_ACTIVITY
 
 #: Share of a dispatch attempt's start-to-close timeout that contention pacing may use.
 PACE_SHARE = 0.5
+#: A regular dispatch heartbeats this often once it has run this long (a batch of a few
+#: signals ends before its first beat and costs the server nothing more), so a worker
+#: killed mid-batch is noticed within the scheduler's heartbeat timeout rather than the
+#: attempt's whole start-to-close timeout.
+DISPATCH_HEARTBEAT_EVERY_S = 2.0
 
 
 class DispatchActivities:
@@ -68,8 +73,19 @@ class DispatchActivities:
 
         Idempotent: action workflows ignore a repeated admission, so a retried batch is
         harmless. An action whose workflow no longer runs is reported ``gone`` so the
-        scheduler releases what it reserved for it.
+        scheduler releases what it reserved for it. Heartbeats while it runs when its
+        caller set a heartbeat timeout (a regular activity; see ``_beating``).
         """
+        info = activity.info()
+        if info.is_local or not info.heartbeat_timeout:
+            return await self._dispatch(batch)
+        beat = asyncio.create_task(_beating(DISPATCH_HEARTBEAT_EVERY_S))
+        try:
+            return await self._dispatch(batch)
+        finally:
+            beat.cancel()
+
+    async def _dispatch(self, batch: DispatchBatch) -> DispatchResult:
         if batch.hand_over_only and (batch.rejections or batch.probe):
             raise ValueError(
                 f"hand_over_only: a batch with {len(batch.rejections)} rejection(s) and "
@@ -139,3 +155,12 @@ class DispatchActivities:
             ),
         )
         return DispatchResult(gone=sorted(gone))
+
+
+async def _beating(every_s: float) -> None:
+    """Heartbeat the current activity every ``every_s``, from ``every_s`` on, until
+    cancelled: the attempt's worker is alive (the SDK sends at most one per 80 % of the
+    heartbeat timeout)."""
+    while True:
+        await asyncio.sleep(every_s)
+        activity.heartbeat()

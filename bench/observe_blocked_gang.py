@@ -78,7 +78,7 @@ def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 60.0
 
 
 class Observer:
-    def __init__(self, stack: Stack, tenant: str, http: str, scrape_url: str) -> None:
+    def __init__(self, stack: Stack, tenant: str, http: int, scrape_url: str) -> None:
         self.stack, self.tenant = stack, tenant
         self.api_base = f"http://127.0.0.1:{http}/api/v1/namespaces/default"
         self.scrape_url = scrape_url

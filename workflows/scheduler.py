@@ -125,6 +125,10 @@ MAX_DISPATCH_INFLIGHT = 4
 #: long: it bounds how long its undelivered admissions wait after a crash. (Since
 #: ``hand-over-first`` most signals go this way; 1,000 signals take a few seconds.)
 REMOTE_DISPATCH_TIMEOUT_S = 60
+#: ... and one whose worker died sooner: the activity heartbeats every
+#: ``DISPATCH_HEARTBEAT_EVERY_S`` (``activities/dispatch.py``), so a worker killed
+#: mid-dispatch is noticed after this long, and the batch retried on a live worker.
+REMOTE_DISPATCH_HEARTBEAT_S = 10
 #: Batches up to this size (and without probes) are dispatched by a *local* activity in
 #: the pass's own workflow task: no activity task round trip, no extra workflow task.
 LOCAL_DISPATCH_MAX = 100
@@ -1178,6 +1182,7 @@ class SchedulerWorkflow:
                 DispatchResult,
                 local=False,
                 timeout_s=REMOTE_DISPATCH_TIMEOUT_S,
+                heartbeat_s=REMOTE_DISPATCH_HEARTBEAT_S,
             )
         finally:
             self._history_moved_on(seen)
@@ -1736,9 +1741,17 @@ _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=10))
 
 
 async def _activity(
-    name: str, arg: Any, result_type: type[_T], *, local: bool, timeout_s: float
+    name: str,
+    arg: Any,
+    result_type: type[_T],
+    *,
+    local: bool,
+    timeout_s: float,
+    heartbeat_s: float | None = None,
 ) -> _T:
-    """Run activity ``name`` locally (in this workflow task) or as a regular activity."""
+    """Run activity ``name`` locally (in this workflow task) or as a regular activity
+    (``heartbeat_s``: its heartbeat timeout; a regular activity's option only, which
+    replay does not compare, so recorded histories replay as they were)."""
     timeout = timedelta(seconds=timeout_s)
     res: _T
     if local:
@@ -1747,7 +1760,12 @@ async def _activity(
         )
     else:
         res = await workflow.execute_activity(
-            name, arg, result_type=result_type, start_to_close_timeout=timeout, retry_policy=_RETRY
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=timeout,
+            heartbeat_timeout=timedelta(seconds=heartbeat_s) if heartbeat_s else None,
+            retry_policy=_RETRY,
         )
     return res
 

@@ -4,11 +4,13 @@ hand-over-only batches."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from headway.activities import dispatch as dispatch_module
 from headway.activities.dispatch import DispatchActivities
 from headway.activities.store import AdmissionWaiters
 from headway.protocol import Admission
@@ -97,3 +99,46 @@ async def test_hand_over_only_refuses_rejections_and_probes() -> None:
     bad = DispatchBatch("t", probe=[["a", "wf-a"]], hand_over_only=True)
     with pytest.raises(ValueError, match="hand_over_only: a batch with 0 rejection"):
         await ActivityEnvironment().run(acts.dispatch, bad)
+
+
+@pytest.mark.parametrize(
+    ("heartbeat_timeout", "is_local", "beats"),
+    [
+        pytest.param(timedelta(seconds=10), False, True, id="regular-with-timeout-beats"),
+        pytest.param(None, False, False, id="regular-without-timeout-stays-silent"),
+        pytest.param(timedelta(seconds=10), True, False, id="local-never-beats"),
+    ],
+)
+async def test_a_slow_regular_dispatch_heartbeats_so_a_dead_worker_is_noticed_early(
+    monkeypatch: pytest.MonkeyPatch,
+    heartbeat_timeout: timedelta | None,
+    is_local: bool,
+    beats: bool,
+) -> None:
+    monkeypatch.setattr(dispatch_module, "DISPATCH_HEARTBEAT_EVERY_S", 0.02)
+    fake = FakeTemporal(delay=0.15)
+    acts = DispatchActivities(cast(Client, fake), concurrency=1)
+    env = ActivityEnvironment()
+    env.info = replace(env.info, heartbeat_timeout=heartbeat_timeout, is_local=is_local)
+    heartbeats: list[object] = []
+    env.on_heartbeat = lambda *details: heartbeats.append(details)
+    res = await env.run(acts.dispatch, batch("t", ["a", "b"]))
+    assert res.gone == [] and sorted(fake.signalled) == ["a", "b"]
+    assert bool(heartbeats) is beats, heartbeats
+    # The beat stops with the batch: nothing more after it returned.
+    n = len(heartbeats)
+    await asyncio.sleep(0.1)
+    assert len(heartbeats) == n
+
+
+async def test_a_quick_regular_dispatch_sends_no_heartbeat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeTemporal(delay=0)
+    acts = DispatchActivities(cast(Client, fake))
+    env = ActivityEnvironment()
+    env.info = replace(env.info, heartbeat_timeout=timedelta(seconds=10), is_local=False)
+    heartbeats: list[object] = []
+    env.on_heartbeat = lambda *details: heartbeats.append(details)
+    await env.run(acts.dispatch, batch("t", ["a"]))
+    assert heartbeats == []
