@@ -27,7 +27,8 @@ This module holds ``Scheduler``'s state (``__init__``, by concern) and binds its
 which live with their concern: ground truth in ``truth`` and ``snapshot``; the cycle in
 ``cycle``; policy in ``policy.order``, ``policy.gates``, ``policy.backfill`` and
 ``policy.projection``; the index layer (answers remembered between events) in ``index``,
-whose ``index.validity`` says when a queue's remembered visit stands. See
+whose ``index.validity`` says when a queue's remembered visit stands (and
+``index.orders`` when the kept orders do). See
 docs/scheduler-internals.md.
 """
 
@@ -47,17 +48,17 @@ from .index import classes as _index_classes
 from .index import evals as _index_evals
 from .index import held as _index_held
 from .index import log as _index_log
+from .index import orders as _index_orders
 from .index import still as _index_still
 from .index import validity as _index_validity
+from .index.orders import _order_key as _order_key
 from .index.records import _Cands, _Eval, _HeldFlips, _ResvRecord
 from .index.records import _Class as _Class
 from .index.view import Counts as _Counts
 from .model import ClusterSpec, EnvironmentSpec, OrgLimits, QueueSpec
 from .policy import backfill as _policy_backfill
 from .policy import gates as _policy_gates
-from .policy import order as _policy_order
 from .policy import projection as _policy_projection
-from .policy.order import _order_key as _order_key
 from .reasons import Reason
 from .resources import Usage
 from .truth import Admitted as Admitted
@@ -410,11 +411,11 @@ class Scheduler:
     _note_window = _index_validity._note_window
     _note_horizons = _index_validity._note_horizons
 
-    # policy.order
-    _mark_head = _policy_order._mark_head
-    _reorder = _policy_order._reorder
-    _placement_order = _policy_order._placement_order
-    _base_order = _policy_order._base_order
+    # index.orders (the rules: policy.order)
+    _mark_head = _index_orders._mark_head
+    _reorder = _index_orders._reorder
+    _placement_order = _index_orders._placement_order
+    _base_order = _index_orders._base_order
 
     # policy.gates
     _gate = _policy_gates._gate

@@ -81,7 +81,7 @@ class ClusterState:
         # EASY's projections only: the cluster as it is now. Placing at a later time,
         # nodes that tie under best fit are taken busy-now first (see ``_busy_first``).
         self.now: ClusterState | None = None
-        # The placement order key (``core._order_key``) kept for the free state it was
+        # The placement order key (``index.orders._order_key``) kept for the free state it was
         # made from: ``version`` if ``known``, else ``-1 - version`` (None: none yet).
         self.okey: tuple[Any, ...] = ()
         self.okey_at: int | None = None

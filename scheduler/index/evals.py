@@ -8,9 +8,9 @@ from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from ..common import _POS, _SCAN_MIN
+from ..index.orders import _order_key
 from ..index.records import _HELD, _NO_CHANGE, _OPEN, _apply_due, _flip_as
 from ..model import Algorithm
-from ..policy.order import _order_key
 from ..reasons import Reason
 
 if TYPE_CHECKING:

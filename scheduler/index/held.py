@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..common import _INF, _SCAN_MIN, _Reservation
+from ..index.orders import _order_key
 from ..index.records import _DUE_MAX, _HELD, _NO_CHANGE, _OPEN, _apply_due, _ResvRecord
 from ..model import Algorithm
-from ..policy.order import _order_key
 from ..reasons import Reason
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ from bisect import bisect_left, bisect_right
 from typing import TYPE_CHECKING
 
 from ..common import _POS
+from ..index.orders import _order_key
 from ..model import Algorithm
-from ..policy.order import _order_key
 
 if TYPE_CHECKING:
     from typing import Any

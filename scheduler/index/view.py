@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..fit import runs_of
-from ..policy.order import _order_key
+from ..index.orders import _order_key
 
 if TYPE_CHECKING:
     from ..core import Scheduler

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..common import _FIRST, _INF, _SCAN_MIN, _Reservation
+from ..index.orders import _order_key
 from ..index.records import _NO_CHANGE, _ResvRecord
-from ..policy.order import _order_key
 from ..policy.projection import _env_horizon
 
 if TYPE_CHECKING:
