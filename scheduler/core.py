@@ -49,6 +49,7 @@ from .index import evals as _index_evals
 from .index import held as _index_held
 from .index import log as _index_log
 from .index import orders as _index_orders
+from .index import projections as _index_projections
 from .index import still as _index_still
 from .index import validity as _index_validity
 from .index.orders import _order_key as _order_key
@@ -58,7 +59,6 @@ from .index.view import Counts as _Counts
 from .model import ClusterSpec, EnvironmentSpec, OrgLimits, QueueSpec
 from .policy import backfill as _policy_backfill
 from .policy import gates as _policy_gates
-from .policy import projection as _policy_projection
 from .reasons import Reason
 from .resources import Usage
 from .truth import Admitted as Admitted
@@ -279,6 +279,8 @@ class Scheduler:
         # Per cluster: its releases in time order as of (state, version, env epoch, now),
         # shared by the projections of every demand there (see ``_releases``).
         self._rel_cache: dict[int, tuple[Any, ...]] = {}
+        # Until when on the clock what the visit in progress read stands (the earliest
+        # of the windows noted by ``_note_window``; projections return theirs as data).
         self._horizon = _INF
         # ``_horizon`` per cluster read (see ``_Queue.hz``), for the visit in progress.
         self._vhz: dict[str, float] = {}
@@ -427,22 +429,20 @@ class Scheduler:
     _hold = _policy_backfill._hold
     _reserve_on = _policy_backfill._reserve_on
     _block = _policy_backfill._block
-    _release_time = _policy_backfill._release_time
     _reserve = _policy_backfill._reserve
     _scan = _policy_backfill._scan
     _scanned = _policy_backfill._scanned
-    _earliest_fit = _policy_backfill._earliest_fit
 
-    # policy.projection
-    _carried = _policy_projection._carried
-    _freed = _policy_projection._freed
-    _chain_free = _policy_projection._chain_free
-    _chain_admit = _policy_projection._chain_admit
-    _project = _policy_projection._project
-    _releases = _policy_projection._releases
-    _project_from = _policy_projection._project_from
-    _steps = _policy_projection._steps
-    _empty_fit = _policy_projection._empty_fit
+    # index.projections (the rules: policy.projection)
+    _earliest_fit = _index_projections._earliest_fit
+    _carried = _index_projections._carried
+    _freed = _index_projections._freed
+    _chain_free = _index_projections._chain_free
+    _chain_admit = _index_projections._chain_admit
+    _project = _index_projections._project
+    _releases = _index_projections._releases
+    _steps = _index_projections._steps
+    _empty_fit = _index_projections._empty_fit
 
     # cycle
     schedule = _cycle.schedule

@@ -1,7 +1,8 @@
 """Holds and reservations: a strict head holds every cluster that could ever take it
 (``_block``, ``_holdable``, ``_hold_all``); a backfill/EASY head reserves the earliest
-cluster its projection fits (``_reserve``: the choice among clusters, ``_earliest_fit``
-for one cluster, ``_scan`` the same walk over many, remembered).
+cluster its projection fits (``_reserve``: the choice among clusters; ``_scan`` the same
+walk over many, remembered; one cluster's earliest fit is ``index/projections.py``'s
+``_earliest_fit``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from typing import TYPE_CHECKING
 from ..common import _FIRST, _INF, _SCAN_MIN, _Reservation
 from ..index.orders import _order_key
 from ..index.records import _NO_CHANGE, _ResvRecord
-from ..policy.projection import _env_horizon
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -99,13 +99,6 @@ def _block(self: Scheduler, q: _Queue, a: _Action, v: _Visit) -> None:
         v.blocked = True
         v.ver += 1
         q.blocked_head = a.id
-
-
-def _release_time(self: Scheduler, a: _Action, now: float) -> float | None:
-    """When a running action is expected to end; one past its estimate ends "now"."""
-    if a.est_end is None:
-        return None
-    return a.est_end if a.est_end > now else now
 
 
 def _reserve(
@@ -242,67 +235,3 @@ def _scanned(
     if note:
         self._note_horizons(hz, hmin)
     return out
-
-
-def _earliest_fit(
-    self: Scheduler, c: ClusterState, runs: Runs, now: float, easy: bool, dkey: int
-) -> tuple[float, ClusterState | None] | None:
-    """``_project``, cached while the cluster and the clock leave it unchanged."""
-    key = (c.index, dkey, easy)
-    fit_cache = self._fit_cache
-    hit = fit_cache.get(key)
-    if hit is not None and hit[0] != c.version and not easy:
-        # Not for EASY: its extra depends on which nodes are free now (the head's
-        # projected placement takes busy-now nodes first), which both moved.
-        hit = self._carried(c, key, hit) or self._freed(c, key, hit, now)
-    if not easy and (hit is None or not self._projection_stands(hit, c, now)):
-        # EASY's projection places the demand the same way, only for real (on
-        # scratch): its time, valid over the same window, is this answer too.
-        # Backfill and EASY queues asking for one demand project it once. Not for a
-        # gang of unlike pods: EASY's placement puts a pod on a busy-now node among
-        # equals, which can leave no node for the next pod where the plain best fit
-        # finds one (reserving timeline 123 of the differential tests).
-        sib = fit_cache.get((c.index, dkey, True)) if dkey not in self._unlike else None
-        if sib is not None and self._projection_stands(sib, c, now):
-            sres = sib[4]
-            hit = fit_cache[key] = (
-                sib[0],
-                sib[1],
-                sib[2],
-                sib[3],
-                None if sres is None else (sres[0], None),
-            )
-    if hit is not None and self._projection_stands(hit, c, now):
-        res = hit[4]
-    else:
-        outer = self._horizon
-        self._horizon = _INF
-        res = self._project(c, runs, now, easy, dkey)
-        # The projection holds until a running action reaches its estimated end
-        # (it would then end "now" instead).
-        horizon = self._horizon
-        rel = self._rel_cache.get(c.index)
-        if (
-            rel is not None
-            and rel[5] is not None
-            and rel[0] is c
-            and rel[1] == c.version
-            and rel[2] == self._env_epoch
-            and rel[3] == now
-        ):
-            horizon = min(horizon, rel[5])
-        else:
-            for a in self.on_cluster.get(c.name, {}).values():
-                if a.est_end is not None and now < a.est_end < horizon:
-                    horizon = a.est_end
-            for inst in self.envs.values():
-                if inst.cluster == c.name and inst.nodes and inst.active:
-                    horizon = min(horizon, _env_horizon(inst, now))
-        self._fit_cache[key] = (c.version, self._env_epoch, now, horizon, res)
-        self._horizon = outer
-        self._note_window(c.name, horizon)
-        return res
-    self._note_window(c.name, hit[3])
-    # The cached EASY extra is shared: ``_reserve`` copies the one it keeps.
-    cached: tuple[float, ClusterState | None] | None = res
-    return cached
