@@ -50,6 +50,7 @@ from .index import held as _index_held
 from .index import log as _index_log
 from .index import orders as _index_orders
 from .index import projections as _index_projections
+from .index import reservations as _index_reservations
 from .index import still as _index_still
 from .index import validity as _index_validity
 from .index.orders import _order_key as _order_key
@@ -424,14 +425,16 @@ class Scheduler:
     _use_up = staticmethod(_policy_gates._use_up)
 
     # policy.backfill
-    _holdable = _policy_backfill._holdable
-    _hold_all = _policy_backfill._hold_all
-    _hold = _policy_backfill._hold
-    _reserve_on = _policy_backfill._reserve_on
     _block = _policy_backfill._block
     _reserve = _policy_backfill._reserve
-    _scan = _policy_backfill._scan
-    _scanned = _policy_backfill._scanned
+
+    # index.reservations (the rules: policy.backfill)
+    _holdable = _index_reservations._holdable
+    _hold_all = _index_reservations._hold_all
+    _hold = _index_reservations._hold
+    _reserve_on = _index_reservations._reserve_on
+    _scan = _index_reservations._scan
+    _scanned = _index_reservations._scanned
 
     # index.projections (the rules: policy.projection)
     _earliest_fit = _index_projections._earliest_fit

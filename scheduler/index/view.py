@@ -113,7 +113,7 @@ def holds(s: Scheduler) -> dict[str, str]:
 
 def hold_records_kept(s: Scheduler) -> int:
     """How many blocked heads have their (cluster, head) hold records kept for the next
-    pass (at most ``policy.backfill.HOLD_PAIRS_MAX``)."""
+    pass (at most ``index.reservations.HOLD_PAIRS_MAX``)."""
     return len(s._hold_pairs)
 
 

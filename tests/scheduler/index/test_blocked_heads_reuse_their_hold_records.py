@@ -19,8 +19,8 @@ from headway.scheduler import (
     QueueSpec,
     Scheduler,
 )
+from headway.scheduler.index import reservations
 from headway.scheduler.index.view import hold_records_kept
-from headway.scheduler.policy import backfill
 from headway.scheduler.resources import Pod
 
 GI = 2**30
@@ -59,7 +59,7 @@ def test_a_blocked_head_records_the_same_pairs_every_pass() -> None:
 
 
 def test_the_pairs_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(backfill, "HOLD_PAIRS_MAX", 2)
+    monkeypatch.setattr(reservations, "HOLD_PAIRS_MAX", 2)
     s = _fleet(3)
     s.schedule(0.0)
     # Three heads held; the pairs of at most two are kept at any time.
