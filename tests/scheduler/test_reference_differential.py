@@ -66,13 +66,12 @@ from headway.scheduler import (
     Scheduler,
     simulator,
 )
-from headway.scheduler.core import Admitted, Expired
+from headway.scheduler.core import Admitted
 from headway.scheduler.model import ray_demand, replicas_demand, spark_demand
 from headway.scheduler.reasons import Reason
 from headway.scheduler.reference import (
     Decisions,
     State,
-    reference_expired,
     reference_pass,
     reference_submit,
 )
@@ -84,6 +83,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from . import test_incremental as seeded
+from .policy.engines import ReferenceDoor
 
 DEEP = os.environ.get("HEADWAY_DEEP") == "1"
 GI = 2**30
@@ -165,27 +165,12 @@ def check_cycle(
         raise Mismatch("\n".join(problems))
 
 
-class CheckedScheduler(Scheduler):
-    """The core, each of its cycles and submissions checked against the reference."""
+class CheckedScheduler(ReferenceDoor):
+    """The core, each of its cycles (and, as ``ReferenceDoor``, its submissions and
+    expiries) checked against the reference."""
 
     cycles = 0
-
-    def submit(self, action: ActionSpec, now: float, *, door: bool = True) -> Reason | None:
-        if not door:
-            # (Taken in by the live door already: the reference decides at the door.)
-            return super().submit(action, now, door=False)
-        want = reference_submit(self.to_snapshot(), action, now)
-        got = super().submit(action, now)
-        if got != want:
-            raise Mismatch(f"submit {action.id} at {now}: core {got!r} != reference {want!r}")
-        return got
-
-    def expire_waiting(self, now: float) -> list[Expired]:
-        want = reference_expired(self.to_snapshot(), now)
-        got = super().expire_waiting(now)
-        if [e.action_id for e in got] != want:
-            raise Mismatch(f"expired at {now}: core {got!r} != reference {want!r}")
-        return got
+    mismatch = Mismatch
 
     def schedule(self, now: float) -> list[Admitted]:
         if STEER_ENV_OVERDUE and _overdue_environment(self.to_snapshot(), now):
@@ -196,12 +181,6 @@ class CheckedScheduler(Scheduler):
         check_cycle(ref, now, got, self.to_snapshot())
         CheckedScheduler.cycles += 1
         return got
-
-    @staticmethod
-    def from_snapshot(d: Mapping[str, Any], incremental: bool | None = None) -> Scheduler:
-        s = Scheduler.from_snapshot(d, incremental)
-        s.__class__ = CheckedScheduler
-        return s
 
 
 @contextmanager

@@ -94,7 +94,39 @@ def _after(before: Mapping[str, Any], ref: Decisions, now: float) -> dict[str, A
     }
 
 
-class ReferenceScheduler(Scheduler):
+class ReferenceDoor(Scheduler):
+    """A core whose door (``submit``) and expiries (``expire_waiting``) are checked against
+    the reference's answers (``reference_submit``, ``reference_expired``): a difference
+    raises ``mismatch``. The part ``ReferenceScheduler`` here and ``CheckedScheduler``
+    (``test_reference_differential``) share; each decides its cycles its own way."""
+
+    mismatch: type[AssertionError] = EngineMismatch
+
+    def submit(self, action: ActionSpec, now: float, *, door: bool = True) -> Reason | None:
+        if not door:
+            # (Taken in by the live door already: the reference decides at the door.)
+            return super().submit(action, now, door=False)
+        want = reference_submit(self.to_snapshot(), action, now)
+        got = super().submit(action, now)
+        if got != want:
+            raise self.mismatch(f"submit {action.id} at {now}: core {got!r} != reference {want!r}")
+        return got
+
+    def expire_waiting(self, now: float) -> list[Expired]:
+        want = reference_expired(self.to_snapshot(), now)
+        got = super().expire_waiting(now)
+        if [e.action_id for e in got] != want:
+            raise self.mismatch(f"expired at {now}: core {got!r} != reference {want!r}")
+        return got
+
+    @classmethod
+    def from_snapshot(cls, d: Mapping[str, Any], incremental: bool | None = None) -> Scheduler:
+        s = Scheduler.from_snapshot(d, incremental)
+        s.__class__ = cls
+        return s
+
+
+class ReferenceScheduler(ReferenceDoor):
     """A core whose every cycle is the reference's (see the module's docstring)."""
 
     def schedule(self, now: float) -> list[Admitted]:
@@ -103,28 +135,6 @@ class ReferenceScheduler(Scheduler):
         fresh = Scheduler.from_snapshot(_after(before, ref, now))
         self.__dict__.update(fresh.__dict__)
         return [Admitted(a.action_id, a.cluster, a.nodes, a.reasons) for a in ref.admitted]
-
-    def submit(self, action: ActionSpec, now: float, *, door: bool = True) -> Reason | None:
-        if not door:
-            return super().submit(action, now, door=False)
-        want = reference_submit(self.to_snapshot(), action, now)
-        got = super().submit(action, now)
-        if got != want:
-            raise EngineMismatch(f"submit {action.id} at {now}: core {got!r}, reference {want!r}")
-        return want
-
-    def expire_waiting(self, now: float) -> list[Expired]:
-        want = reference_expired(self.to_snapshot(), now)
-        got = super().expire_waiting(now)
-        if [e.action_id for e in got] != want:
-            raise EngineMismatch(f"expired at {now}: core {got!r}, reference {want!r}")
-        return got
-
-    @staticmethod
-    def from_snapshot(d: Mapping[str, Any], incremental: bool | None = None) -> Scheduler:
-        s = Scheduler.from_snapshot(d, incremental)
-        s.__class__ = ReferenceScheduler
-        return s
 
 
 @contextmanager
