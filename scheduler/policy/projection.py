@@ -10,9 +10,11 @@ its estimates, and until when on the clock that answer stands.
 - ``empty_fit`` / ``fit_on_empty``: the same answer where everything given back leaves
   the cluster empty (it depends on the node list alone).
 
-Nothing here remembers anything or writes into the scheduler: the projections kept from
+Nothing here remembers an answer or writes into the scheduler: the projections kept from
 event to event, and when they stand, are the index layer's
-(``scheduler/index/projections.py``; ``index/validity._projection_stands``).
+(``scheduler/index/projections.py``; ``index/validity._projection_stands``). (One write
+remains, not an answer: ``releases_on`` reuses each action's release tuple while it is
+equal, ``_Action.rel``, so as not to make a new one every time.)
 """
 
 from __future__ import annotations
