@@ -22,7 +22,7 @@ from headway import protocol
 from headway.connection import ConnectionOptions, ConnectionSettingsError, explain_failure
 from headway.connection import load as load_connection
 from headway.protocol import DemandRequest, KubeOptions, SubmitRequest
-from headway.scheduler.resources import parse_cpu, parse_gpu, parse_memory
+from headway.scheduler.resources import check_pod_count, parse_demand
 
 if TYPE_CHECKING:
     from headway.workflows.action import ActionResult
@@ -43,6 +43,7 @@ __all__ = [
     "SubmissionRejected",
     "Task",
     "UnknownQueue",
+    "check_seconds",
     "rejection",
 ]
 
@@ -202,7 +203,9 @@ class Resources:
     gpu="H200:8")``. A bare GPU count (``gpu=2``) accepts any GPU type.
 
     Values are checked at construction with the scheduler core's parsers; a bad one raises
-    ValueError naming the field and the value.
+    ValueError naming the field and the value. One pod asks for at most 10,000 CPUs, 256Ti
+    of memory and of ephemeral storage, and 1,024 GPUs (``headway.scheduler.resources``'s
+    ``MAX_POD_*``); a typed GPU request asks for at least one (``"H100:0"`` is refused).
     """
 
     cpu: str | int | float | None = None
@@ -211,14 +214,12 @@ class Resources:
     ephemeral_storage: str | int | None = None
 
     def __post_init__(self) -> None:
-        if self.cpu is not None:
-            parse_cpu(self.cpu, "cpu")
-        if self.memory is not None:
-            parse_memory(self.memory, "memory")
-        if self.gpu is not None:
-            parse_gpu(self.gpu, "gpu")
-        if self.ephemeral_storage is not None:
-            parse_memory(self.ephemeral_storage, "ephemeral_storage")
+        parse_demand(
+            cpu=self.cpu,
+            memory=self.memory,
+            gpu=self.gpu,
+            ephemeral_storage=self.ephemeral_storage,
+        )
 
     def to_dict(self) -> dict[str, str | int | float]:
         """The set fields, as the wire's ``DemandRequest.resources``."""
@@ -228,6 +229,26 @@ class Resources:
             if value is not None:
                 out[key] = value
         return out
+
+
+#: The longest ``duration`` or ``estimate`` a task may declare: a year, in seconds.
+MAX_SECONDS = 365 * 24 * 3600.0
+
+
+def check_seconds(value: Any, field: str) -> float:
+    """A declared time in seconds: a finite number from 0 to :data:`MAX_SECONDS`.
+
+    Raises:
+        ValueError: it is not (named, with its value).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{field}: {value!r} is not a number of seconds")
+    if not 0 <= value <= MAX_SECONDS:  # NaN fails both comparisons
+        raise ValueError(
+            f"{field}: {value!r} must be a finite number of seconds from 0 to"
+            f" {MAX_SECONDS:.0f} (a year)"
+        )
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -253,12 +274,12 @@ class Task:
     kube: KubeOptions | None = None
 
     def __post_init__(self) -> None:
-        if self.replicas is not None and self.replicas < 1:
-            raise ValueError(f"replicas: {self.replicas!r} must be at least 1")
+        if self.replicas is not None:
+            check_pod_count(self.replicas, "replicas")
         for key in ("duration", "estimate"):
             value = getattr(self, key)
-            if value is not None and value < 0:
-                raise ValueError(f"{key}: {value!r} is negative")
+            if value is not None:
+                check_seconds(value, key)
 
     def override(self, **changes: Any) -> Task:
         """This task with some fields replaced, e.g. ``task.override(queue="backfill")``:
