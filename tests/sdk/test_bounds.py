@@ -101,4 +101,4 @@ def test_a_task_estimate_must_be_finite():
 
     f.__qualname__ = "f"
     with pytest.raises(ValueError, match="estimate: inf must be a finite number of seconds"):
-        env.task(f, estimate=math.inf)
+        env.task(estimate=math.inf)(f)
