@@ -24,6 +24,8 @@ from headway.connection import load as load_connection
 from headway.protocol import DemandRequest, KubeOptions, SubmitRequest
 from headway.scheduler.resources import check_pod_count, parse_demand
 
+from ._engine import ADDRESS_ENV, ServerUnreachable, reaching
+
 if TYPE_CHECKING:
     from headway.workflows.action import ActionResult
     from headway.workflows.client import ActionConflictError
@@ -336,7 +338,8 @@ class Action:
         """Wait until the action is over and return its outcome."""
         from headway.workflows import client as hw
 
-        return await hw.wait_result(self.handle, action_id=self.id)
+        with reaching(self._client.address):
+            return await hw.wait_result(self.handle, action_id=self.id)
 
     async def why(self) -> Any:
         """Why the action is where it is: its state and the scheduler's reasons."""
@@ -380,6 +383,11 @@ class Client:
         self.tenant = tenant
         self._ui_url = (ui_url or os.environ.get(UI_URL_ENV) or DEFAULT_UI_URL).rstrip("/")
 
+    @property
+    def address(self) -> str:
+        """The server's address (host:port), for messages."""
+        return str(self.temporal.service_client.config.target_host)
+
     @classmethod
     async def connect(
         cls,
@@ -409,6 +417,7 @@ class Client:
         Raises:
             ConnectionSettingsError: a setting is wrong, or the server refused the
                 credentials or the TLS handshake (one line naming what to fix).
+            ServerUnreachable: nothing answers at the address (one line naming it).
         """
         if connection is None:
             connection = load_connection(
@@ -435,7 +444,13 @@ class Client:
         except ConnectionSettingsError:
             raise
         except Exception as exc:
-            raise ConnectionSettingsError(explain_failure(connection, exc)) from None
+            line = explain_failure(connection, exc)
+            if line.startswith("cannot reach Temporal"):
+                # As the task API says it (``headway.ServerUnreachable``): retrying may help.
+                raise ServerUnreachable(
+                    f"address: {line}; is Headway up? Pass address=... or set {ADDRESS_ENV}"
+                ) from None
+            raise ConnectionSettingsError(line) from None
         return cls(temporal, tenant=tenant, ui_url=ui_url)
 
     def ui_link(self, workflow_id: str) -> str:
@@ -501,11 +516,13 @@ class Client:
                 ``RateLimited`` (``retry_after`` seconds).
             ActionConflictError: the id exists with a different submission; the message
                 names the id and every field that differs. Nothing was changed.
+            ServerUnreachable: the server cannot be reached (any more).
         """
         from headway.workflows import client as hw
 
         req = self.request(task, queue=queue, run=run, id=id, inject=inject)
-        sub = await hw.submit_action(self.temporal, req)
+        with reaching(self.address):
+            sub = await hw.submit_action(self.temporal, req)
         answer = sub.answer
         if answer is not None and not answer.accepted:
             raise rejection(
@@ -530,7 +547,8 @@ class Client:
         """Why ``action_id`` is where it is."""
         from headway.workflows import client as hw
 
-        return await hw.why(self.temporal, self.tenant, action_id)
+        with reaching(self.address):
+            return await hw.why(self.temporal, self.tenant, action_id)
 
     async def eta(
         self, action_id: str, *, default_runtime: float = 3600.0
@@ -542,4 +560,5 @@ class Client:
         has none), as ``headway describe action`` shows it. None: not waiting."""
         from headway.workflows import client as hw
 
-        return await hw.start_estimate(self.temporal, self.tenant, action_id, default_runtime)
+        with reaching(self.address):
+            return await hw.start_estimate(self.temporal, self.tenant, action_id, default_runtime)

@@ -55,7 +55,7 @@ from urllib.parse import quote
 from headway.protocol import DemandRequest, SubmitRequest, Toleration, Volume
 from headway.scheduler.resources import check_pod_count
 
-from ._engine import ENGINE, LONG_POLL_S, Connection
+from ._engine import ENGINE, LONG_POLL_S, Connection, reaching
 from .client import (
     DEFAULT_UI_URL,
     UI_URL_ENV,
@@ -904,9 +904,10 @@ class Run:
         client = await ENGINE.client(conn)
         from headway.workflows import client as hw
 
-        if pool is not None:
-            await _declare(client, conn, task.env)
-        sub = await hw.submit_action(client, req)  # (it retries transient answers itself)
+        with reaching(conn.address):
+            if pool is not None:
+                await _declare(client, conn, task.env)
+            sub = await hw.submit_action(client, req)  # (it retries transient answers itself)
         answer = sub.answer
         if answer is not None and not answer.accepted:
             raise rejection(
@@ -951,7 +952,8 @@ class Run:
         client = await ENGINE.client(self.connection)
         tenant = self.connection.tenant
         ids = {self._main().id}
-        rows = await hw.list_actions(client, tenant, run=self.name, in_flight=True, limit=None)
+        with reaching(self.connection.address):
+            rows = await hw.list_actions(client, tenant, run=self.name, in_flight=True, limit=None)
         ids.update(r.action_id for r in rows)
         done = await asyncio.gather(
             *(hw.cancel_action(client, tenant, i, wait=False) for i in sorted(ids)),
