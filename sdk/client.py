@@ -386,7 +386,8 @@ class Client:
     @property
     def address(self) -> str:
         """The server's address (host:port), for messages."""
-        return str(self.temporal.service_client.config.target_host)
+        config = getattr(getattr(self.temporal, "service_client", None), "config", None)
+        return str(getattr(config, "target_host", "") or "the configured address")
 
     @classmethod
     async def connect(
