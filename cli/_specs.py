@@ -14,8 +14,10 @@ from headway.scheduler.model import QUEUE_KNOBS, KnobKind, QueueSpec, RetryPolic
 from headway.scheduler.resources import Quota
 
 __all__ = [
+    "MAX_LIMIT",
     "QUEUE_FIELDS",
     "UNSET_WORDS",
+    "check_limit",
     "format_cpu",
     "format_memory",
     "knob",
@@ -48,6 +50,12 @@ def knob(value: Any) -> Any:
     return value
 
 
+#: The largest concurrency, depth or retry count a flag takes: past it, use 'unlimited'.
+#: (The store keeps them as 64-bit integers; a larger one failed its write for ever,
+#: wedging the tenant's scheduler.)
+MAX_LIMIT = 1_000_000_000
+
+
 def parse_limit(value: Any, field: str) -> int | None:
     """A concurrency/depth knob: a non-negative integer, or None/"none"/"unlimited"."""
     value = knob(value)
@@ -59,7 +67,17 @@ def parse_limit(value: Any, field: str) -> int | None:
         raise ValueError(f"{field}: {value!r} is not a non-negative integer (or 'unlimited')")
     if value < 0:
         raise ValueError(f"{field}: {value} must be >= 0")
+    check_limit(value, field)
     return value
+
+
+def check_limit(value: Any, field: str) -> None:
+    """A whole number above :data:`MAX_LIMIT` is refused, named (ValueError)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_LIMIT:
+        shown = str(value) if len(str(value)) <= 30 else f"{str(value)[:27]}..."
+        raise ValueError(
+            f"{field}: {shown} is more than {MAX_LIMIT:,} (use 'unlimited' for no limit)"
+        )
 
 
 def queue_from_entry(entry: Mapping[str, Any], where: str = "queue") -> QueueSpec:

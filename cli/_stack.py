@@ -4,6 +4,13 @@ and one cluster worker per fleet cluster, each in its own process group.
 Children run in their own sessions so a terminal's Ctrl-C reaches only the supervisor,
 which then stops them in order (workers first, the server last) and makes sure every
 process group is gone before it returns.
+
+A worker that dies while the stack runs (killed, crashed) is started again with the same
+command line and environment, saying so on stderr in one line: the control plane and the
+cluster workers pick up where they were (their state is in the store, Temporal and the
+sim state directory). One that died :data:`MAX_DEATHS` times within
+:data:`DEATH_WINDOW_S` is crash-looping, and the Temporal server's death leaves nothing to
+serve: either stops the whole stack (:class:`StackFailed`).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +34,17 @@ from headway.scheduler.scenario import Fleet
 from ._common import cluster_names, load_fleet
 from .server import check_ports, server_argv, wait_for_port
 
-__all__ = ["Child", "Stack", "running_stack", "start_server"]
+__all__ = ["Child", "Stack", "StackFailed", "running_stack", "start_server"]
+
+#: The name of the Temporal server's child: its death stops the stack (nothing restarts it).
+SERVER = "temporal-server"
+#: A worker that died this many times within :data:`DEATH_WINDOW_S` is not restarted again.
+MAX_DEATHS = 4
+DEATH_WINDOW_S = 60.0
+
+
+class StackFailed(click.ClickException):
+    """A child the stack cannot do without died: the stack stops (exit 1)."""
 
 
 @dataclass
@@ -36,6 +54,11 @@ class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    #: The command line and full environment it was started with (a restart reuses them).
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    #: When it died (monotonic seconds), within the last :data:`DEATH_WINDOW_S`.
+    deaths: deque[float] = field(default_factory=deque)
 
     @property
     def alive(self) -> bool:
@@ -60,28 +83,58 @@ class Stack:
     children: list[Child] = field(default_factory=list)
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        logs = self.data_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log = logs / f"{name}.log"
-        handle: IO[bytes] = log.open("ab")
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**local_env(), **(env or {})},
-            )
-        finally:
-            handle.close()  # the child holds its own copy
-        child = Child(name, proc, log)
+        log = self.data_dir / "logs" / f"{name}.log"
+        full_env = {**local_env(), **(env or {})}
+        child = Child(name, _popen(argv, full_env, log), log, list(argv), full_env)
         self.children.append(child)
         return child
 
     def failed(self) -> Child | None:
         """The first child that exited on its own, if any."""
         return next((c for c in self.children if not c.alive), None)
+
+    def supervise(self, now: float | None = None) -> list[Child]:
+        """Restart every worker that died since the last call (same argv and environment,
+        its log appended to), one line on stderr each; returns those restarted.
+
+        Raises:
+            StackFailed: the Temporal server died, or a worker died for the
+                :data:`MAX_DEATHS`-th time within :data:`DEATH_WINDOW_S`.
+        """
+        restarted = []
+        for child in self.children:
+            if child.alive:
+                continue
+            code = child.proc.returncode
+            if child.name == SERVER:
+                raise StackFailed(
+                    f"the Temporal server exited with code {code}; stopping the stack (the"
+                    f" workers cannot run without it). Its log ({child.log}) ends with:\n"
+                    f"{child.tail()}"
+                )
+            at = time.monotonic() if now is None else now
+            child.deaths.append(at)
+            while child.deaths and child.deaths[0] <= at - DEATH_WINDOW_S:
+                child.deaths.popleft()
+            if len(child.deaths) >= MAX_DEATHS:
+                raise StackFailed(
+                    f"{child.name} died {len(child.deaths)} times within "
+                    f"{DEATH_WINDOW_S:.0f} s (last exit code {code}); stopping the stack."
+                    f" Its log ({child.log}) ends with:\n{child.tail()}"
+                )
+            with contextlib.suppress(OSError), child.log.open("a") as note:
+                note.write(f"--- headway up: exited with code {code}; restarting ---\n")
+            # Whatever the dead child left in its process group goes with it (as at stop).
+            _signal_group(child.proc.pid, signal.SIGKILL)
+            child.proc = _popen(child.argv, child.env, child.log)
+            restarted.append(child)
+            click.echo(
+                f"headway: {child.name} exited with code {code}; restarted it as pid"
+                f" {child.proc.pid} ({len(child.deaths)} of {MAX_DEATHS - 1} restarts allowed"
+                f" within {DEATH_WINDOW_S:.0f} s)",
+                err=True,
+            )
+        return restarted
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop every child: SIGTERM each group, newest first, then SIGKILL stragglers."""
@@ -95,6 +148,23 @@ class Stack:
             _signal_group(child.proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.proc.wait(timeout=5)
+
+
+def _popen(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a session of its own, its output appended to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    handle: IO[bytes] = log.open("ab")
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
+    finally:
+        handle.close()  # the child holds its own copy
 
 
 def local_env() -> dict[str, str]:
@@ -137,7 +207,7 @@ def start_server(
         click.ClickException: the server did not come up.
     """
     for attempt in range(1, attempts + 1):
-        server = stack.spawn("temporal-server", argv)
+        server = stack.spawn(SERVER, argv)
         if wait_for_port(port, server.proc, timeout_s=timeout_s):
             return server
         tail = server.tail()

@@ -45,6 +45,7 @@ from ._output import (
 from ._specs import (
     QUEUE_FIELDS,
     UNSET_WORDS,
+    check_limit,
     knob,
     parse_limit,
     queue_from_entry,
@@ -136,7 +137,10 @@ def _retry_flags(old: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> dic
         if flag in _RETRY_COUNTS:
             try:
                 out[key] = int(value)
-            except ValueError:
+                check_limit(out[key], f"--{flag.replace('_', '-')}")
+            except ValueError as exc:
+                if "more than" in str(exc):
+                    raise click.BadParameter(str(exc)) from None
                 raise click.BadParameter(
                     f"--{flag.replace('_', '-')}: {value!r} is not a number of retries"
                 ) from None
@@ -173,6 +177,10 @@ def _apply_flags(entry: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, A
     for key in _LIMIT_FLAGS:
         if flags.get(key) is not None:
             out[key] = knob(flags[key])
+            try:
+                check_limit(out[key], f"--{key.replace('_', '-')}")
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
     for key in _SECONDS_FLAGS:
         value = flags.get(key)
         if value is not None:

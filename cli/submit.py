@@ -11,8 +11,10 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
+from headway.scheduler.resources import MAX_PODS
 from headway.sdk.client import (
     DEFAULT_QUEUE,
+    MAX_SECONDS,
     Action,
     RateLimited,
     Resources,
@@ -47,22 +49,34 @@ def _succeeded(result: Any) -> bool:
     return True
 
 
+#: The most copies one ``submit --count`` makes.
+MAX_COUNT = 10_000
+
+
 @click.command()
 @click.option("--queue", default=DEFAULT_QUEUE, show_default=True, help="Queue to enqueue on.")
 @click.option(
     "--run", default="", show_default=False, help="Run the action belongs to (default: its own)."
 )
 @click.option("--task", default="action", show_default=True, help="Task name (runtime history).")
-@click.option("--cpu", default=None, help="CPU per pod, e.g. 2 or 500m.")
-@click.option("--memory", default=None, help="Memory per pod, e.g. 8Gi.")
-@click.option("--gpu", default=None, help='GPUs per pod: 8 (any type) or "H200:8".')
-@click.option("--ephemeral-storage", default=None, help="Ephemeral storage per pod.")
-@click.option("--replicas", type=click.IntRange(min=1), default=None, help="Gang of N pods.")
+@click.option("--cpu", default=None, help="CPU per pod, e.g. 2 or 500m (at most 10000).")
+@click.option("--memory", default=None, help="Memory per pod, e.g. 8Gi (at most 256Ti).")
+@click.option("--gpu", default=None, help='GPUs per pod: 8 (any type) or "H200:8" (1 to 1024).')
 @click.option(
-    "--duration", type=click.FloatRange(min=0), default=None, help="Simulated run time (s)."
+    "--ephemeral-storage", default=None, help="Ephemeral storage per pod (at most 256Ti)."
+)
+@click.option("--replicas", type=click.IntRange(1, MAX_PODS), default=None, help="Gang of N pods.")
+@click.option(
+    "--duration",
+    type=click.FloatRange(0, MAX_SECONDS),
+    default=None,
+    help="Simulated run time (s, at most a year).",
 )
 @click.option(
-    "--estimate", type=click.FloatRange(min=0), default=None, help="Declared runtime (s)."
+    "--estimate",
+    type=click.FloatRange(0, MAX_SECONDS),
+    default=None,
+    help="Declared runtime (s, at most a year).",
 )
 @click.option(
     "--id",
@@ -73,7 +87,7 @@ def _succeeded(result: Any) -> bool:
 )
 @click.option(
     "--count",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_COUNT),
     default=1,
     show_default=True,
     help="Submit N copies (ids get -0, -1, ...).",
@@ -206,16 +220,19 @@ def submit(
             shm_size=shm_size,
             names=CLI_NAMES,
         )
-    spec = Task(
-        task,
-        resources,
-        replicas=replicas,
-        duration=duration,
-        estimate=estimate,
-        image=image,
-        command=_command(command),
-        kube=kube,
-    )
+    try:
+        spec = Task(
+            task,
+            resources,
+            replicas=replicas,
+            duration=duration,
+            estimate=estimate,
+            image=image,
+            command=_command(command),
+            kube=kube,
+        )
+    except ValueError as exc:  # NaN passes click's ranges: "duration: nan must be ..."
+        raise click.BadParameter(f"--{exc}") from None
     batch = _Batch(
         spec=spec,
         ids=_ids(action_id, task, count),

@@ -10,7 +10,9 @@ from types import FrameType
 import click
 
 from ._common import (
+    ADDRESS_ENV,
     DATABASE_URL_ENV,
+    DEFAULT_PORT,
     cluster_names,
     default_database_url,
     free_port,
@@ -97,6 +99,9 @@ def up(
             asyncio.run(wait_ready(stack, fleet, tenant=cfg.tenant, namespace=cfg.namespace))
             started = True
             click.echo(f"Headway is up. Temporal at {stack.address}", err=True)
+            hint = address_hint(stack.address, port, cfg.address)
+            if hint:
+                click.echo(hint, err=True)
             if stack.ui_url:
                 click.echo(
                     f"  Web UI:   {stack.ui_url}/namespaces/{cfg.namespace}/workflows", err=True
@@ -111,12 +116,9 @@ def up(
             click.echo(f"  logs:     {directory / 'logs'}", err=True)
             click.echo("Ctrl-C stops everything.", err=True)
             while not stopping:
-                dead = stack.failed()
-                if dead is not None:
-                    raise click.ClickException(
-                        f"{dead.name} exited with code {dead.proc.returncode}; its log "
-                        f"({dead.log}) ends with:\n{dead.tail()}"
-                    )
+                # A dead worker is started again; the server's death, or a worker's
+                # crash loop, raises StackFailed (the stack stops, exit 1).
+                stack.supervise()
                 time.sleep(0.2)
             click.echo("Stopping...", err=True)
     except KeyboardInterrupt:
@@ -126,6 +128,18 @@ def up(
         for s, handler in previous.items():
             signal.signal(s, handler)
     click.echo("Stopped.", err=True)
+
+
+def address_hint(address: str, port: int, current: str) -> str | None:
+    """What other shells must set to reach this stack, when their default does not: the
+    server is not on the default port, or this shell's address points elsewhere."""
+    host, _, current_port = current.rpartition(":")
+    if port == DEFAULT_PORT and host in ("localhost", "127.0.0.1") and current_port == str(port):
+        return None
+    return (
+        f"  connect:  other shells (the CLI and the SDK): export {ADDRESS_ENV}={address}"
+        f" (or headway --address {address} ...)"
+    )
 
 
 #: The control plane's scrape port under ``headway up`` (the Prometheus exporter's usual).

@@ -9,17 +9,24 @@ accepts Kubernetes quantity notation (``500m``, ``64Gi``, ``1e3``) and GPU notat
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 __all__ = [
+    "MAX_PODS",
+    "MAX_POD_CPU",
+    "MAX_POD_EPH",
+    "MAX_POD_GPU",
+    "MAX_POD_MEMORY",
     "Pod",
     "QuantityError",
     "Quota",
     "Usage",
+    "check_pod_count",
     "parse_cpu",
+    "parse_demand",
     "parse_gpu",
     "parse_memory",
     "parse_pod",
@@ -29,6 +36,10 @@ __all__ = [
 
 class QuantityError(ValueError):
     """A quantity string could not be read. The message names the field and the value."""
+
+
+class _TooLarge(QuantityError):
+    """A quantity past 10**30: no machine or fleet has it."""
 
 
 _SUFFIX = {
@@ -48,6 +59,8 @@ _SUFFIX = {
     "Pi": Decimal(2) ** 50,
     "Ei": Decimal(2) ** 60,
 }
+#: Quantities past 10**30 (times their suffix) are refused as too large, whatever they are.
+_MAX_EXPONENT = 30
 _QUANTITY = re.compile(r"^\s*([+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]{0,2})\s*$")
 
 
@@ -55,8 +68,12 @@ def _quantity(value: Any, field: str) -> Decimal:
     if isinstance(value, bool):
         raise QuantityError(f"{field}: {value!r} is not a quantity")
     if isinstance(value, int | float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise QuantityError(f"{field}: {value!r} is not a finite quantity")
         if value < 0:
             raise QuantityError(f"{field}: {value!r} is negative")
+        if value > 10**_MAX_EXPONENT:
+            raise _TooLarge(f"{field}: {_short(value)} is too large a quantity")
         return Decimal(str(value))
     if not isinstance(value, str):
         raise QuantityError(f"{field}: {value!r} is not a quantity")
@@ -66,9 +83,14 @@ def _quantity(value: Any, field: str) -> Decimal:
             f"{field}: {value!r} is not a Kubernetes quantity (e.g. '500m', '4', '64Gi')"
         )
     try:
-        return Decimal(m.group(1)) * _SUFFIX[m.group(2)]
+        number = Decimal(m.group(1))
     except InvalidOperation as exc:  # pragma: no cover - the regex admits only numbers
         raise QuantityError(f"{field}: {value!r} is not a number") from exc
+    # Beyond any machine or fleet by far; a huge exponent ('1e999999') would otherwise
+    # cost minutes and memory as an integer, or overflow the decimal context.
+    if number and number.adjusted() > _MAX_EXPONENT:
+        raise _TooLarge(f"{field}: {_short(value)} is too large a quantity")
+    return number * _SUFFIX[m.group(2)]
 
 
 def parse_cpu(value: Any, field: str = "cpu") -> int:
@@ -93,12 +115,17 @@ def parse_gpu(value: Any, field: str = "gpu") -> tuple[int, str | None]:
     if isinstance(value, int):
         if value < 0:
             raise QuantityError(f"{field}: {value!r} is negative")
+        if value > 10**_MAX_EXPONENT:
+            raise _TooLarge(f"{field}: {_short(value)} is too large a GPU count")
         return value, None
     if isinstance(value, str):
         s = value.strip()
+        m = _GPU.match(s)
+        digits = s if s.isdigit() else m.group(2) if m else ""
+        if len(digits.lstrip("0")) > _MAX_EXPONENT:
+            raise _TooLarge(f"{field}: {_short(value)} is too large a GPU count")
         if s.isdigit():
             return int(s), None
-        m = _GPU.match(s)
         if m:
             return int(m.group(2)), m.group(1)
     raise QuantityError(f"{field}: {value!r} is not a GPU request (e.g. 'H200:8' or 8)")
@@ -170,6 +197,99 @@ def parse_pod(spec: Any, field: str = "resources") -> Pod:
         gpu=gpu,
         gpu_type=gtype if gpu else None,
     )
+
+
+#: The most one pod may ask for, and the most pods one action may have. They are checked
+#: where a demand is declared (``headway submit``'s flags, the SDK's ``Resources`` and
+#: environments), so a typo's extra zeros or ``1e400`` is refused there, named, instead of
+#: travelling to the scheduler as a number no node will ever fit. Each is above the
+#: largest machine sold, and the largest pod times the most pods stays far from a 64-bit
+#: integer's end (256 Ti x 10,000 < 2**62), which the store's sums are kept in. Node
+#: shapes and queue quotas are not bounded by them.
+MAX_POD_CPU = 10_000 * 1000  # millicores: 10,000 cores
+MAX_POD_MEMORY = 256 * 2**40  # 256Ti
+MAX_POD_EPH = 256 * 2**40  # 256Ti
+MAX_POD_GPU = 1024
+MAX_PODS = 10_000
+
+
+def parse_demand(
+    *,
+    cpu: Any = None,
+    memory: Any = None,
+    gpu: Any = None,
+    ephemeral_storage: Any = None,
+    prefix: str = "",
+) -> Pod:
+    """One pod's demand as a user declares it (None: not asked for), checked against the
+    bounds above; typed GPUs must be at least one (``H100:0`` asks for nothing).
+
+    Raises:
+        QuantityError: a value is not a quantity, or out of bounds (named, with its value).
+    """
+    pod = Pod()
+    if cpu is not None:
+        millis = _bounded(parse_cpu, cpu, MAX_POD_CPU, f"{prefix}cpu", "10000 cores")
+        pod = Pod(millis, pod.memory, pod.eph, pod.gpu, pod.gpu_type)
+    if memory is not None:
+        n = _bounded(parse_memory, memory, MAX_POD_MEMORY, f"{prefix}memory", "256Ti")
+        pod = Pod(pod.cpu, n, pod.eph, pod.gpu, pod.gpu_type)
+    if ephemeral_storage is not None:
+        field = f"{prefix}ephemeral_storage"
+        n = _bounded(parse_memory, ephemeral_storage, MAX_POD_EPH, field, "256Ti")
+        pod = Pod(pod.cpu, pod.memory, n, pod.gpu, pod.gpu_type)
+    if gpu is not None:
+        try:
+            count, gtype = parse_gpu(gpu, f"{prefix}gpu")
+        except _TooLarge:
+            raise _over(f"{prefix}gpu", gpu, str(MAX_POD_GPU)) from None
+        if count > MAX_POD_GPU:
+            raise _over(f"{prefix}gpu", gpu, str(MAX_POD_GPU))
+        if gtype is not None and count == 0:
+            raise QuantityError(
+                f"{prefix}gpu: {gpu!r} asks for no GPUs of type {gtype}: ask for at least one"
+                f" ('{gtype}:1'), or leave gpu out"
+            )
+        pod = Pod(pod.cpu, pod.memory, pod.eph, count, gtype if count else None)
+    return pod
+
+
+def _bounded(
+    parse: Callable[[Any, str], int], value: Any, most: int, field: str, shown: str
+) -> int:
+    try:
+        n = parse(value, field)
+    except _TooLarge:
+        raise _over(field, value, shown) from None
+    if n > most:
+        raise _over(field, value, shown)
+    return n
+
+
+def _over(field: str, value: Any, shown: str) -> QuantityError:
+    return QuantityError(
+        f"{field}: {_short(value)} is more than one pod may ask for (at most {shown})"
+    )
+
+
+def _short(value: Any) -> str:
+    r = repr(value)
+    return r if len(r) <= 40 else f"{r[:37]}..."
+
+
+def check_pod_count(n: Any, field: str = "replicas", least: int = 1) -> int:
+    """A number of pods: a whole number from ``least`` to :data:`MAX_PODS`.
+
+    Raises:
+        ValueError: it is not (named, with its value).
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < least:
+        raise ValueError(f"{field}: {_short(n)} must be a whole number, at least {least}")
+    if n > MAX_PODS:
+        raise ValueError(
+            f"{field}: {_short(n)} is more pods than one action may have (at most {MAX_PODS})"
+        )
+    return n
 
 
 @dataclass(frozen=True, slots=True)

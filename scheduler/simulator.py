@@ -413,6 +413,9 @@ def load_swf(
     """Build a scenario from a Standard Workload Format trace.
 
     Returns the scenario and the number of skipped jobs.
+
+    Raises:
+        SwfError: a bad line or option (named), or a trace with no job to simulate.
     """
     from .model import Algorithm
 
@@ -479,6 +482,13 @@ def load_swf(
             estimate=est,
         )
         work.append(WorkItem(spec, dur, ln))
+    if not jobs:
+        raise SwfError(f"{source}: no jobs in it (empty, or only comments): nothing to simulate")
+    if not work:
+        raise SwfError(
+            f"{source}: none of its {len(jobs)} jobs can run (each has a negative run time,"
+            f" no processors, or more than MaxProcs {max_procs}): nothing to simulate"
+        )
     cluster = ClusterSpec("swf", (NodeGroup("node", max_procs, Pod(cpu=1000)),))
     queue = QueueSpec("swf", algorithm=Algorithm(algorithm))
     return Scenario([cluster], [queue], OrgLimits(), [], work, []), skipped

@@ -28,7 +28,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from temporalio.service import ServiceClient, ServiceResponse
     from temporalio.service import _BridgeServiceClient as BridgeServiceClient
 
-__all__ = ["ENGINE", "LONG_POLL_S", "Connection", "Engine", "ServerUnreachable"]
+__all__ = ["ENGINE", "LONG_POLL_S", "Connection", "Engine", "ServerUnreachable", "reaching"]
 
 T = TypeVar("T")
 
@@ -95,6 +95,25 @@ class Connection:
 
 class ServerUnreachable(ConnectionError):
     """The Temporal server Headway runs on cannot be reached at the configured address."""
+
+
+@contextlib.contextmanager
+def reaching(address: str) -> Iterator[None]:
+    """Around calls to a server the SDK connected to: one that cannot reach it any more
+    (it stopped, or the network went; the Temporal client has retried it already)
+    raises :class:`ServerUnreachable` naming the address, not the transport's
+    ``RPCError`` and its traceback."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    try:
+        yield
+    except RPCError as err:
+        if err.status != RPCStatusCode.UNAVAILABLE:
+            raise
+        raise ServerUnreachable(
+            f"address: cannot reach Temporal at {address!r} any more ({err.message});"
+            " is Headway still up?"
+        ) from None
 
 
 class Engine:

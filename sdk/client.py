@@ -22,7 +22,9 @@ from headway import protocol
 from headway.connection import ConnectionOptions, ConnectionSettingsError, explain_failure
 from headway.connection import load as load_connection
 from headway.protocol import DemandRequest, KubeOptions, SubmitRequest
-from headway.scheduler.resources import parse_cpu, parse_gpu, parse_memory
+from headway.scheduler.resources import check_pod_count, parse_demand
+
+from ._engine import ADDRESS_ENV, ServerUnreachable, reaching
 
 if TYPE_CHECKING:
     from headway.workflows.action import ActionResult
@@ -43,6 +45,7 @@ __all__ = [
     "SubmissionRejected",
     "Task",
     "UnknownQueue",
+    "check_seconds",
     "rejection",
 ]
 
@@ -202,7 +205,9 @@ class Resources:
     gpu="H200:8")``. A bare GPU count (``gpu=2``) accepts any GPU type.
 
     Values are checked at construction with the scheduler core's parsers; a bad one raises
-    ValueError naming the field and the value.
+    ValueError naming the field and the value. One pod asks for at most 10,000 CPUs, 256Ti
+    of memory and of ephemeral storage, and 1,024 GPUs (``headway.scheduler.resources``'s
+    ``MAX_POD_*``); a typed GPU request asks for at least one (``"H100:0"`` is refused).
     """
 
     cpu: str | int | float | None = None
@@ -211,14 +216,12 @@ class Resources:
     ephemeral_storage: str | int | None = None
 
     def __post_init__(self) -> None:
-        if self.cpu is not None:
-            parse_cpu(self.cpu, "cpu")
-        if self.memory is not None:
-            parse_memory(self.memory, "memory")
-        if self.gpu is not None:
-            parse_gpu(self.gpu, "gpu")
-        if self.ephemeral_storage is not None:
-            parse_memory(self.ephemeral_storage, "ephemeral_storage")
+        parse_demand(
+            cpu=self.cpu,
+            memory=self.memory,
+            gpu=self.gpu,
+            ephemeral_storage=self.ephemeral_storage,
+        )
 
     def to_dict(self) -> dict[str, str | int | float]:
         """The set fields, as the wire's ``DemandRequest.resources``."""
@@ -228,6 +231,26 @@ class Resources:
             if value is not None:
                 out[key] = value
         return out
+
+
+#: The longest ``duration`` or ``estimate`` a task may declare: a year, in seconds.
+MAX_SECONDS = 365 * 24 * 3600.0
+
+
+def check_seconds(value: Any, field: str) -> float:
+    """A declared time in seconds: a finite number from 0 to :data:`MAX_SECONDS`.
+
+    Raises:
+        ValueError: it is not (named, with its value).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{field}: {value!r} is not a number of seconds")
+    if not 0 <= value <= MAX_SECONDS:  # NaN fails both comparisons
+        raise ValueError(
+            f"{field}: {value!r} must be a finite number of seconds from 0 to"
+            f" {MAX_SECONDS:.0f} (a year)"
+        )
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -253,12 +276,12 @@ class Task:
     kube: KubeOptions | None = None
 
     def __post_init__(self) -> None:
-        if self.replicas is not None and self.replicas < 1:
-            raise ValueError(f"replicas: {self.replicas!r} must be at least 1")
+        if self.replicas is not None:
+            check_pod_count(self.replicas, "replicas")
         for key in ("duration", "estimate"):
             value = getattr(self, key)
-            if value is not None and value < 0:
-                raise ValueError(f"{key}: {value!r} is negative")
+            if value is not None:
+                check_seconds(value, key)
 
     def override(self, **changes: Any) -> Task:
         """This task with some fields replaced, e.g. ``task.override(queue="backfill")``:
@@ -315,7 +338,8 @@ class Action:
         """Wait until the action is over and return its outcome."""
         from headway.workflows import client as hw
 
-        return await hw.wait_result(self.handle, action_id=self.id)
+        with reaching(self._client.address):
+            return await hw.wait_result(self.handle, action_id=self.id)
 
     async def why(self) -> Any:
         """Why the action is where it is: its state and the scheduler's reasons."""
@@ -359,6 +383,12 @@ class Client:
         self.tenant = tenant
         self._ui_url = (ui_url or os.environ.get(UI_URL_ENV) or DEFAULT_UI_URL).rstrip("/")
 
+    @property
+    def address(self) -> str:
+        """The server's address (host:port), for messages."""
+        config = getattr(getattr(self.temporal, "service_client", None), "config", None)
+        return str(getattr(config, "target_host", "") or "the configured address")
+
     @classmethod
     async def connect(
         cls,
@@ -388,6 +418,7 @@ class Client:
         Raises:
             ConnectionSettingsError: a setting is wrong, or the server refused the
                 credentials or the TLS handshake (one line naming what to fix).
+            ServerUnreachable: nothing answers at the address (one line naming it).
         """
         if connection is None:
             connection = load_connection(
@@ -414,7 +445,13 @@ class Client:
         except ConnectionSettingsError:
             raise
         except Exception as exc:
-            raise ConnectionSettingsError(explain_failure(connection, exc)) from None
+            line = explain_failure(connection, exc)
+            if line.startswith("cannot reach Temporal"):
+                # As the task API says it (``headway.ServerUnreachable``): retrying may help.
+                raise ServerUnreachable(
+                    f"address: {line}; is Headway up? Pass address=... or set {ADDRESS_ENV}"
+                ) from None
+            raise ConnectionSettingsError(line) from None
         return cls(temporal, tenant=tenant, ui_url=ui_url)
 
     def ui_link(self, workflow_id: str) -> str:
@@ -480,11 +517,13 @@ class Client:
                 ``RateLimited`` (``retry_after`` seconds).
             ActionConflictError: the id exists with a different submission; the message
                 names the id and every field that differs. Nothing was changed.
+            ServerUnreachable: the server cannot be reached (any more).
         """
         from headway.workflows import client as hw
 
         req = self.request(task, queue=queue, run=run, id=id, inject=inject)
-        sub = await hw.submit_action(self.temporal, req)
+        with reaching(self.address):
+            sub = await hw.submit_action(self.temporal, req)
         answer = sub.answer
         if answer is not None and not answer.accepted:
             raise rejection(
@@ -509,7 +548,8 @@ class Client:
         """Why ``action_id`` is where it is."""
         from headway.workflows import client as hw
 
-        return await hw.why(self.temporal, self.tenant, action_id)
+        with reaching(self.address):
+            return await hw.why(self.temporal, self.tenant, action_id)
 
     async def eta(
         self, action_id: str, *, default_runtime: float = 3600.0
@@ -521,4 +561,5 @@ class Client:
         has none), as ``headway describe action`` shows it. None: not waiting."""
         from headway.workflows import client as hw
 
-        return await hw.start_estimate(self.temporal, self.tenant, action_id, default_runtime)
+        with reaching(self.address):
+            return await hw.start_estimate(self.temporal, self.tenant, action_id, default_runtime)

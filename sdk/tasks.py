@@ -53,13 +53,15 @@ from typing import (
 from urllib.parse import quote
 
 from headway.protocol import DemandRequest, SubmitRequest, Toleration, Volume
+from headway.scheduler.resources import check_pod_count
 
-from ._engine import ENGINE, LONG_POLL_S, Connection
+from ._engine import ENGINE, LONG_POLL_S, Connection, reaching
 from .client import (
     DEFAULT_UI_URL,
     UI_URL_ENV,
     Resources,
     SubmissionRejected,
+    check_seconds,
     rejection,
 )
 from .kube import kube_options
@@ -249,6 +251,7 @@ class ReusePolicy:
 
     def __post_init__(self) -> None:
         _whole(self.replicas, "ReusePolicy.replicas")
+        check_pod_count(self.replicas, "ReusePolicy.replicas")
         _whole(self.concurrency, "ReusePolicy.concurrency")
         object.__setattr__(self, "idle_ttl", _seconds(self.idle_ttl, "ReusePolicy.idle_ttl"))
 
@@ -406,8 +409,7 @@ class ClusteredTaskEnvironment(TaskEnvironment):
         queue: str | None = None,
         **kube: Any,
     ) -> None:
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-            raise ValueError(f"replicas: {replicas!r} must be a whole number, at least 1")
+        check_pod_count(replicas, "replicas")
         if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int):
             raise ValueError(f"nproc_per_node: {nproc_per_node!r} must be a whole number")
         if nproc_per_node < 1:
@@ -440,12 +442,14 @@ class RayEnvironment(TaskEnvironment):
         **kube: Any,
     ) -> None:
         super().__init__(name, head, image=image, env_vars=env_vars, queue=queue, **kube)
-        self.worker_groups = [(int(n), r) for n, r in worker_groups]
+        self.worker_groups = list(worker_groups)
         for i, (n, r) in enumerate(self.worker_groups):
-            if n < 0 or not isinstance(r, Resources):
+            if isinstance(n, bool) or not isinstance(n, int) or not isinstance(r, Resources):
                 raise ValueError(
                     f"worker_groups[{i}]: {(n, r)!r} must be (replicas >= 0, Resources)"
                 )
+            check_pod_count(n, f"worker_groups[{i}] replicas", least=0)
+        check_pod_count(1 + sum(n for n, _ in self.worker_groups), "pods (head + worker_groups)")
 
     def demand(self) -> DemandRequest:
         return DemandRequest(
@@ -474,8 +478,8 @@ class SparkEnvironment(TaskEnvironment):
         queue: str | None = None,
         **kube: Any,
     ) -> None:
-        if isinstance(executors, bool) or not isinstance(executors, int) or executors < 0:
-            raise ValueError(f"executors: {executors!r} must be a whole number, at least 0")
+        check_pod_count(executors, "executors", least=0)
+        check_pod_count(executors + 1, "pods (driver + executors)")
         if not isinstance(executor, Resources):
             raise TypeError(f"executor: {executor!r} is not a headway.Resources")
         super().__init__(name, driver, image=image, env_vars=env_vars, queue=queue, **kube)
@@ -580,8 +584,8 @@ class TaskTemplate(Generic[P, R]):
                 f"@env.task: {func.__qualname__!r} is not at a module's top level (the"
                 " cluster imports it by module and name)"
             )
-        if estimate is not None and (not isinstance(estimate, int | float) or estimate < 0):
-            raise ValueError(f"estimate: {estimate!r} must be a number of seconds, at least 0")
+        if estimate is not None:
+            check_seconds(estimate, "estimate")
         _check_queue(queue)
         self.func = func
         self.env = env
@@ -900,9 +904,10 @@ class Run:
         client = await ENGINE.client(conn)
         from headway.workflows import client as hw
 
-        if pool is not None:
-            await _declare(client, conn, task.env)
-        sub = await hw.submit_action(client, req)  # (it retries transient answers itself)
+        with reaching(conn.address):
+            if pool is not None:
+                await _declare(client, conn, task.env)
+            sub = await hw.submit_action(client, req)  # (it retries transient answers itself)
         answer = sub.answer
         if answer is not None and not answer.accepted:
             raise rejection(
@@ -947,7 +952,8 @@ class Run:
         client = await ENGINE.client(self.connection)
         tenant = self.connection.tenant
         ids = {self._main().id}
-        rows = await hw.list_actions(client, tenant, run=self.name, in_flight=True, limit=None)
+        with reaching(self.connection.address):
+            rows = await hw.list_actions(client, tenant, run=self.name, in_flight=True, limit=None)
         ids.update(r.action_id for r in rows)
         done = await asyncio.gather(
             *(hw.cancel_action(client, tenant, i, wait=False) for i in sorted(ids)),

@@ -4,9 +4,12 @@ stops every one of them: nothing is left behind."""
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,82 @@ def test_up_restarts_on_the_same_data_dir(tmp_path: Path):
                 proc.kill()
                 proc.wait()
     assert _processes_mentioning(str(tmp_path)) == {}
+
+
+def _lines(proc: subprocess.Popen[str]) -> queue.Queue[str]:
+    """``proc``'s output lines as they come (read on a thread: a test waits with a timeout)."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put("")  # EOF
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def _wait_for(lines: queue.Queue[str], needle: str, timeout_s: float = 60) -> str:
+    seen = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+        if line == "":
+            break
+    raise AssertionError(f"no {needle!r} in `headway up`'s output:\n{''.join(seen)}")
+
+
+def _kill9(needle: str) -> int:
+    (pid,) = _processes_mentioning(needle)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_a_killed_worker_is_restarted_and_the_servers_death_stops_the_stack(tmp_path: Path):
+    """kill -9 of a cluster worker and of the control plane: each is started again (one line
+    on stderr) and a submitted action still completes; kill -9 of the Temporal server: the
+    stack stops, exit 1, saying why, nothing left behind."""
+    port, ui_port = free_port(), free_port()
+    marker = f"127.0.0.1:{port}"
+    proc = _start_up(tmp_path, port, ui_port)
+    lines = _lines(proc)
+    try:
+        banner = _wait_for(lines, "Ctrl-C stops everything")
+        # Not the default port: other shells are told what to set.
+        assert f"export HEADWAY_TEMPORAL_ADDRESS={marker}" in banner
+
+        _kill9(f"{marker} --tenant default worker cluster --name cpu ")
+        _wait_for(lines, "headway: cluster-cpu exited with code -9; restarted it")
+        _kill9(f"{marker} --tenant default worker control-plane")
+        _wait_for(lines, "headway: control-plane exited with code -9; restarted it")
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "headway.cli", "--address", marker, "submit"),
+                *("--cpu", "1", "--duration", "1", "--id", "after-restarts", "--wait"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "state=succeeded" in done.stdout, done.stdout
+        clusters = len(load_fleet(None).clusters)
+        assert len(_processes_mentioning(marker, str(tmp_path))) - 1 == 2 + clusters
+
+        _kill9(f"start-dev --db-filename {tmp_path}")
+        rest = _wait_for(lines, "the Temporal server exited with code -9; stopping the stack")
+        proc.wait(timeout=120)
+        assert proc.returncode == 1, rest
+        assert "Traceback" not in rest
+        assert _processes_mentioning(marker, str(tmp_path)) == {}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

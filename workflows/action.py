@@ -147,6 +147,14 @@ MAX_HANDBACKS = 5
 HANDBACK_BACKOFF_S = 1.0
 
 
+#: How long the delete of a cancelled or timed-out attempt's pods may wait for its
+#: cluster's worker (schedule to close), seconds.
+DELETE_WITHIN_S = 600.0
+#: ``workflow.patched`` id: cancelling an attempt whose cluster never answered waits the
+#: cluster silence interval for the delete, not ``DELETE_WITHIN_S``.
+CANCEL_UNHEARD_PATCH = "cancel-unheard"
+
+
 def dispatch_start_timeout() -> float:
     """Revision 5+: seconds a dispatch may wait for a word from its cluster (any event
     of its pods, or its end) before it is handed back (``CapacityChanged``): a cluster
@@ -898,7 +906,15 @@ class ActionWorkflow:
     async def _cancel_running(
         self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission
     ) -> None:
-        await self._delete_left(req, dispatch, admission)
+        within_s = DELETE_WITHIN_S
+        # Patch ``cancel-unheard``: a cluster that never said a word of this attempt (its
+        # worker is dead, or never took the dispatch) is given the cluster silence
+        # interval for the delete, not ten minutes; by then a live worker has taken it,
+        # and a dead one's pods are its own restart's to delete (it deletes the pods of
+        # ended actions at start). Histories recorded before it replay as they ran.
+        if not self._heard and workflow.patched(CANCEL_UNHEARD_PATCH):
+            within_s = dispatch_start_timeout()
+        await self._delete_left(req, dispatch, admission, within_s=within_s)
         await self._release("finished", "cancelled", "Cancelled")
         self._end("cancelled", "Cancelled")
 
@@ -908,7 +924,7 @@ class ActionWorkflow:
         dispatch: DispatchRequest,
         admission: Admission,
         *,
-        within_s: float = 600.0,
+        within_s: float = DELETE_WITHIN_S,
     ) -> None:
         # Cancelling the run activity deleted the pods; make sure nothing is left.
         try:

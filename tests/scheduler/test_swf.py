@@ -328,3 +328,18 @@ def test_easy_head_takes_the_busy_nodes_so_a_free_node_stays_in_the_extra() -> N
     path = next(p for p in SWF_EXAMPLES if p.stem.startswith("31_"))
     assert starts(actions(path.read_text(), "backfill"))["4"] == 10
     assert starts(actions(path.read_text(), "easy"))["4"] == 5
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("", "t.swf: no jobs in it"),
+        ("\n\n", "t.swf: no jobs in it"),
+        (trace(max_procs=4), "t.swf: no jobs in it"),
+        (trace(swf(1, 0, -1, 2), swf(2, 0, 10, 9), max_procs=4), "none of its 2 jobs can run"),
+    ],
+    ids=["empty", "blank-lines", "only-comments", "every-job-skipped"],
+)
+def test_a_trace_without_a_job_to_run_is_an_error_naming_it(text: str, says: str) -> None:
+    with pytest.raises(SwfError, match=says):
+        load_swf(text, "backfill", source="t.swf")
