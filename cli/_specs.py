@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headway.scheduler.model import QUEUE_KNOBS, KnobKind, QueueSpec, RetryPolicy
+from headway.scheduler.model import (
+    MAX_LIMIT,
+    QUEUE_KNOBS,
+    KnobKind,
+    QueueSpec,
+    RetryPolicy,
+    check_count,
+)
 from headway.scheduler.resources import Quota
 
 __all__ = [
@@ -50,12 +57,6 @@ def knob(value: Any) -> Any:
     return value
 
 
-#: The largest concurrency, depth or retry count a flag takes: past it, use 'unlimited'.
-#: (The store keeps them as 64-bit integers; a larger one failed its write for ever,
-#: wedging the tenant's scheduler.)
-MAX_LIMIT = 1_000_000_000
-
-
 def parse_limit(value: Any, field: str) -> int | None:
     """A concurrency/depth knob: a non-negative integer, or None/"none"/"unlimited"."""
     value = knob(value)
@@ -72,12 +73,10 @@ def parse_limit(value: Any, field: str) -> int | None:
 
 
 def check_limit(value: Any, field: str) -> None:
-    """A whole number above :data:`MAX_LIMIT` is refused, named (ValueError)."""
+    """A whole number above :data:`MAX_LIMIT` is refused, named (ValueError): the core's
+    rule (``check_count``), for flags read before the core sees them."""
     if isinstance(value, int) and not isinstance(value, bool) and value > MAX_LIMIT:
-        shown = str(value) if len(str(value)) <= 30 else f"{str(value)[:27]}..."
-        raise ValueError(
-            f"{field}: {shown} is more than {MAX_LIMIT:,} (use 'unlimited' for no limit)"
-        )
+        check_count(value, field)
 
 
 def queue_from_entry(entry: Mapping[str, Any], where: str = "queue") -> QueueSpec:

@@ -17,6 +17,7 @@ from .resources import Pod, Quota, parse_memory
 
 __all__ = [
     "LIMIT_KNOBS",
+    "MAX_LIMIT",
     "QUEUE_KNOBS",
     "ActionSpec",
     "Algorithm",
@@ -32,6 +33,7 @@ __all__ = [
     "QueueStatus",
     "RateLimit",
     "RetryPolicy",
+    "check_count",
     "check_limits",
     "ray_demand",
     "replicas_demand",
@@ -104,10 +106,27 @@ def parse_seconds(value: Any, field: str) -> float:
     return float(v)
 
 
-def _count(value: Any, field: str) -> int:
+#: The largest concurrency limit, depth or retry count: past it, 'unlimited' is meant.
+#: Checked wherever one enters (the CLI, files, the scheduler workflow's own validation):
+#: the store keeps them as 64-bit integers, and a larger one, once applied, failed its
+#: write on every retry and wedged the tenant's scheduler.
+MAX_LIMIT = 1_000_000_000
+
+
+def check_count(value: Any, field: str) -> int:
+    """``value`` if it is a whole number from 0 to :data:`MAX_LIMIT`; else ValueError
+    naming ``field`` and the value."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{field}: {value!r} must be a non-negative integer")
+    if value > MAX_LIMIT:
+        shown = str(value) if len(str(value)) <= 30 else f"{str(value)[:27]}..."
+        raise ValueError(
+            f"{field}: {shown} is more than {MAX_LIMIT:,} (use 'unlimited' for no limit)"
+        )
     return value
+
+
+_count = check_count
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,8 +411,8 @@ def check_limits(spec: QueueSpec) -> None:
     """Raise ValueError naming the knob when a limit is not a non-negative integer."""
     for f in LIMIT_KNOBS:
         v = getattr(spec, f)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise ValueError(f"{f}: {v!r} must be a non-negative integer")
+        if v is not None:
+            check_count(v, f)
     mqt = spec.max_queued_time
     if mqt is not None and (not math.isfinite(mqt) or mqt < 0):
         raise ValueError(f"max_queued_time: {mqt!r} must be a non-negative number of seconds")

@@ -77,6 +77,7 @@ with workflow.unsafe.imports_passed_through():
         OrgLimits,
         QueueSpec,
         QueueStatus,
+        check_count,
         check_limits,
     )
     from headway.scheduler.reasons import Reason, describe
@@ -1836,8 +1837,8 @@ def _parse_org(org: Any) -> OrgLimits:
         raise ValueError(f"org.submit_rate: {org.get('submit_rate')!r} ({err})") from err
     for f in ("max_concurrent_runs", "max_concurrent_actions", "max_actions_per_run"):
         v = getattr(limits, f)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise ValueError(f"{f}: {v!r} must be a non-negative integer")
+        if v is not None:
+            check_count(v, f)
     return limits
 
 

@@ -189,6 +189,8 @@ class _Replica:
         self.log = log
         self.calls: dict[str, asyncio.Future[int]] = {}
         self.reader: asyncio.Task[None] | None = None
+        #: Its output ended: the process is gone, even before it is reaped.
+        self.eof = False
 
     async def read_answers(self) -> None:
         assert self.proc.stdout is not None
@@ -200,7 +202,9 @@ class _Replica:
                 continue
             if fut is not None and not fut.done():
                 fut.set_result(int(msg.get("code", 1)))
-        # The process is gone: its calls in flight end as a process that died would.
+        # The process is gone: no call is given to it from now on (reaping it can take
+        # a while under load), and its calls in flight end as a process that died would.
+        self.eof = True
         code = await self.proc.wait()
         for fut in self.calls.values():
             if not fut.done():
@@ -211,7 +215,7 @@ class _Replica:
     def live(self) -> bool:
         """Its answers are still read (a call given to it now is answered, or ended
         with the process's exit code)."""
-        return self.reader is not None and not self.reader.done()
+        return self.reader is not None and not self.reader.done() and not self.eof
 
     def send(self, msg: Mapping[str, Any]) -> None:
         assert self.proc.stdin is not None

@@ -109,6 +109,9 @@ def test_a_bad_limit_names_the_knob_and_the_value() -> None:
 
     with pytest.raises(ValueError, match=r"depth: -1 must be a non-negative integer"):
         check_limits(dataclasses.replace(EVERY_KNOB_SET, depth=-1))
+    with pytest.raises(ValueError, match=r"depth: 1(0){23} is more than 1,000,000,000"):
+        check_limits(dataclasses.replace(EVERY_KNOB_SET, depth=10**23))
+    check_limits(dataclasses.replace(EVERY_KNOB_SET, depth=1_000_000_000))
 
 
 @pytest.mark.parametrize(

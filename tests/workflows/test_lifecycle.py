@@ -129,6 +129,30 @@ async def test_bad_queue_config_is_rejected_with_field(plane: Plane, tenant: str
     assert set(queues) == {"default"}
 
 
+async def test_a_limit_past_the_bound_is_refused_by_the_shard_not_applied_and_wedged(
+    plane: Plane, tenant: str
+) -> None:
+    # Sent straight to the scheduler workflow, as a client other than the CLI could: a
+    # depth of 10**23 was once applied, then failed the store's 64-bit write on every
+    # retry, and the tenant admitted nothing after it.
+    await setup_queue(plane, tenant)
+    huge = 10**23
+    with pytest.raises(WorkflowUpdateFailedError) as exc:
+        await hw.update_queue(plane.client, tenant, "default", {"depth": huge})
+    assert "depth" in str(exc.value.cause) and "1,000,000,000" in str(exc.value.cause)
+    with pytest.raises(WorkflowUpdateFailedError) as exc:
+        await hw.set_org(plane.client, tenant, {"max_concurrent_actions": huge})
+    assert "max_concurrent_actions" in str(exc.value.cause)
+    with pytest.raises(WorkflowUpdateFailedError) as exc:
+        await hw.upsert_queue(plane.client, tenant, {"name": "q2", "retry": {"failed": huge}})
+    assert "retry.failed" in str(exc.value.cause)
+    queues = await hw.get_queues(plane.client, tenant)
+    assert set(queues) == {"default"}
+    assert queues["default"]["spec"]["depth"] is None
+    res = await hw.wait_result(await hw.submit(plane.client, req(tenant, "after")))
+    assert res.state == "succeeded", res
+
+
 async def test_cancel_while_waiting(plane: Plane, tenant: str) -> None:
     await setup_queue(plane, tenant, action_concurrency=0)
     h = await hw.submit(plane.client, req(tenant, "w1"))
