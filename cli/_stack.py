@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import click
 from headway.scheduler.model import OrgLimits
@@ -278,6 +278,33 @@ def running_stack(
         stack.stop()
 
 
+async def _connect_when_healthy(stack: Stack, options: Any, deadline: float) -> Any:
+    """A client of the stack's server, once its frontend answers: the port opens before
+    the frontend is healthy ("Frontend is not healthy yet"), longer on a loaded machine.
+
+    Raises :class:`click.ClickException` if the server exits first or ``deadline``
+    (the loop's clock) passes.
+    """
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            return await options.connect(interceptors=[])
+        except RuntimeError as err:
+            dead = stack.failed()
+            if dead is not None:
+                raise click.ClickException(
+                    f"{dead.name} exited with code {dead.proc.returncode}; its log"
+                    f" ({dead.log}) ends with:\n{dead.tail()}"
+                ) from None
+            if loop.time() >= deadline:
+                raise click.ClickException(
+                    f"the Temporal server at {stack.address} did not become ready: {err}"
+                ) from None
+            await asyncio.sleep(0.2)
+
+
 async def wait_ready(
     stack: Stack,
     fleet: Fleet,
@@ -302,13 +329,15 @@ async def wait_ready(
 
     from .queues import fetch_queues
 
-    client = await ConnectionOptions(stack.address, namespace).connect(interceptors=[])
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    client = await _connect_when_healthy(
+        stack, ConnectionOptions(stack.address, namespace), deadline
+    )
     wanted = [(protocol.CONTROL_TASK_QUEUE, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)] + [
         (protocol.cluster_task_queue(c.name), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
         for c in fleet.clusters
     ]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
     while wanted:
         dead = stack.failed()
         if dead is not None:
