@@ -252,6 +252,9 @@ async def _submit_action(client: Client, req: SubmitRequest) -> Submission:
             # So is an update-with-start whose new workflow's first task failed (timed
             # out on a loaded worker: "Workflow Task in failed state") or whose update
             # the server aborted: the workflow exists, the same submission finds it.
+            # Not a server that cannot be reached at all: the Temporal client has
+            # retried the connection for ~10 s already, and six more rounds of that kept
+            # the SDK and the CLI silent for a minute before they said so.
             transient = (
                 "StartDeduped" in str(err)
                 or "Workflow Task in failed state" in str(err)
@@ -262,7 +265,7 @@ async def _submit_action(client: Client, req: SubmitRequest) -> Submission:
                     RPCStatusCode.UNAVAILABLE,
                     RPCStatusCode.RESOURCE_EXHAUSTED,
                 )
-            )
+            ) and not _unreachable(err)
             if not transient or attempt == 5:
                 raise
             await asyncio.sleep(0.2 * 2**attempt)
@@ -294,13 +297,13 @@ async def _submit_once(client: Client, req: SubmitRequest) -> Submission:
                 SUBMITTED_UPDATE, start_workflow_operation=start, result_type=SubmitAnswer
             )
         except WorkflowAlreadyStartedError as err:
-            # The operation's own handle failed with the same error: retrieved, so that
-            # asyncio does not report it as never retrieved.
-            with contextlib.suppress(WorkflowAlreadyStartedError):
-                await start.workflow_handle()
+            _read_start_failure(start)
             existing = client.get_workflow_handle_for(
                 ActionWorkflow.run, workflow_id, run_id=err.run_id
             )
+        except BaseException:
+            _read_start_failure(start)
+            raise
         else:
             handle = await start.workflow_handle()
             return Submission(handle, created=True, state=answer.state, answer=answer)
@@ -315,6 +318,27 @@ async def _submit_once(client: Client, req: SubmitRequest) -> Submission:
             if err.status != RPCStatusCode.NOT_FOUND or attempt == 3:
                 raise
     raise AssertionError("unreachable")
+
+
+def _unreachable(err: RPCError) -> bool:
+    """Whether ``err`` says no connection to the server could be made (nothing listens
+    at the address, or the network is gone), as opposed to a server that answered it is
+    unavailable for now."""
+    text = err.message.lower()
+    return err.status == RPCStatusCode.UNAVAILABLE and (
+        "tcp connect error" in text or "connection refused" in text or "dns error" in text
+    )
+
+
+def _read_start_failure(start: WithStartWorkflowOperation[Any, Any]) -> None:
+    """Read the failure the SDK also set on the start operation's own handle (it does
+    for a refused start, a transport error or a cancelled call), so that asyncio does not
+    print "Future exception was never retrieved" when the operation is dropped. The SDK
+    offers no public way to look without awaiting, and awaiting a handle the SDK never
+    settled (a failure before the call was sent) would wait for ever."""
+    fut = getattr(start, "_workflow_handle", None)
+    if isinstance(fut, asyncio.Future) and fut.done() and not fut.cancelled():
+        fut.exception()
 
 
 async def _ended_rejected(handle: WorkflowHandle[ActionWorkflow, ActionResult]) -> bool:

@@ -51,6 +51,18 @@ import asyncio, os, signal, sys
 import headway
 from headway.sdk import Client, Resources, Task
 
+from headway.workflows import client as hw
+
+tries = 0
+once = hw._submit_once
+
+async def counted(*args):
+    global tries
+    tries += 1
+    return await once(*args)
+
+hw._submit_once = counted
+
 async def main(address, pid):
     client = await Client.connect(address)
     os.kill(pid, signal.SIGKILL)
@@ -62,8 +74,10 @@ async def main(address, pid):
             await call()
         except headway.ServerUnreachable as exc:
             print("ServerUnreachable:", exc, flush=True)
+    print("submission tries:", tries, flush=True)
 
 asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+import gc; gc.collect()  # an unread failure would be reported now, on stderr
 """
 
 
@@ -88,3 +102,8 @@ def test_a_server_gone_after_connecting_raises_server_unreachable(
         ]
         * 2
     ), done.stdout[-3000:] + done.stderr[-3000:]
+    # The Temporal client retried the connection already: the submission is tried once,
+    # not six times more (a minute of silence before the error), and the failure the SDK
+    # also set on the start operation was read, not reported as never retrieved.
+    assert "submission tries: 1" in done.stdout, done.stdout[-3000:]
+    assert "never retrieved" not in done.stderr, done.stderr[-3000:]
