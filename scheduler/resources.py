@@ -90,7 +90,11 @@ def _quantity(value: Any, field: str) -> Decimal:
     # cost minutes and memory as an integer, or overflow the decimal context.
     if number and number.adjusted() > _MAX_EXPONENT:
         raise _TooLarge(f"{field}: {_short(value)} is too large a quantity")
-    return number * _SUFFIX[m.group(2)]
+    # And with its suffix: '99999999999999999999Ti' is 1.1e32, past the same bound.
+    quantity = number * _SUFFIX[m.group(2)]
+    if quantity and quantity.adjusted() > _MAX_EXPONENT:
+        raise _TooLarge(f"{field}: {_short(value)} is too large a quantity")
+    return quantity
 
 
 def parse_cpu(value: Any, field: str = "cpu") -> int:

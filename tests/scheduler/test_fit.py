@@ -218,6 +218,27 @@ def test_bad_quantities_name_field_and_value(fn: object, value: object, field: s
     assert field in msg and repr(value) in msg, msg
 
 
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        pytest.param("1e30", True, id="1e30 bytes is the largest quantity"),
+        pytest.param("1e31", False, id="past 1e30 as a number"),
+        pytest.param("1e400", False, id="an exponent no decimal holds cheaply"),
+        pytest.param("800000Ei", True, id="a suffixed quantity under the bound"),
+        pytest.param("99999999999999999999Ti", False, id="past the bound only with its suffix"),
+        pytest.param("1e18Ei", False, id="a small number times the largest suffix"),
+    ],
+)
+def test_a_quantity_past_1e30_with_its_suffix_is_refused_as_too_large(value: str, ok: bool) -> None:
+    if ok:
+        assert parse_memory(value, "max_resources.memory") > 0
+        return
+    with pytest.raises(QuantityError) as ei:
+        parse_memory(value, "max_resources.memory")
+    assert str(ei.value).startswith("max_resources.memory: "), ei.value
+    assert "too large a quantity" in str(ei.value), ei.value
+
+
 def test_parse_pod_and_quota() -> None:
     p = parse_pod({"cpu": "500m", "memory": "1Gi", "gpu": "H200:2", "ephemeral_storage": "10Gi"})
     assert p == Pod(500, GI, 10 * GI, 2, "H200")
