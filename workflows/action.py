@@ -153,6 +153,10 @@ DELETE_WITHIN_S = 600.0
 #: ``workflow.patched`` id: cancelling an attempt whose cluster never answered waits the
 #: cluster silence interval for the delete, not ``DELETE_WITHIN_S``.
 CANCEL_UNHEARD_PATCH = "cancel-unheard"
+#: ``workflow.patched`` id: an attempt cancelled while its cluster's worker had gone
+#: silent (its run activity ends by heartbeat timeout, not by the worker's word) ends
+#: cancelled, not failed ``ClusterError``, and its delete waits the silence interval.
+CANCEL_LOST_WORKER_PATCH = "cancel-lost-worker"
 
 
 def dispatch_start_timeout() -> float:
@@ -753,14 +757,24 @@ class ActionWorkflow:
             cancelled = isinstance(err, asyncio.CancelledError) or (
                 isinstance(err, ActivityError) and isinstance(err.cause, CancelledError)
             )
-            if not cancelled:
+            # Cancelled while the cluster's worker was gone (frozen, cut off): the run
+            # activity could not hear the cancel and ended by its heartbeat timeout
+            # instead. The user asked for a cancellation; that is what it is.
+            worker_lost = (
+                not cancelled
+                and _cancel_requested()
+                and isinstance(err, ActivityError)
+                and isinstance(err.cause, ActivityTimeout)
+                and workflow.patched(CANCEL_LOST_WORKER_PATCH)
+            )
+            if not cancelled and not worker_lost:
                 await self._release("finished", "failed", "ClusterError")
                 msg = str(err.cause or err) if isinstance(err, ActivityError) else str(err)
                 res = self._end("failed", "ClusterError", message=msg)
                 raise ApplicationError(
                     msg, asdict(res), type="ClusterError", non_retryable=True
                 ) from err
-            await self._cancel_running(req, dispatch, admission)
+            await self._cancel_running(req, dispatch, admission, worker_lost=worker_lost)
             raise asyncio.CancelledError() from err
         return result
 
@@ -904,15 +918,22 @@ class ActionWorkflow:
         )
 
     async def _cancel_running(
-        self, req: SubmitRequest, dispatch: DispatchRequest, admission: Admission
+        self,
+        req: SubmitRequest,
+        dispatch: DispatchRequest,
+        admission: Admission,
+        *,
+        worker_lost: bool = False,
     ) -> None:
         within_s = DELETE_WITHIN_S
         # Patch ``cancel-unheard``: a cluster that never said a word of this attempt (its
         # worker is dead, or never took the dispatch) is given the cluster silence
         # interval for the delete, not ten minutes; by then a live worker has taken it,
         # and a dead one's pods are its own restart's to delete (it deletes the pods of
-        # ended actions at start). Histories recorded before it replay as they ran.
-        if not self._heard and workflow.patched(CANCEL_UNHEARD_PATCH):
+        # ended actions at start). Histories recorded before it replay as they ran. So
+        # is a worker that spoke and then went silent (``worker_lost``, patch
+        # ``cancel-lost-worker``).
+        if worker_lost or (not self._heard and workflow.patched(CANCEL_UNHEARD_PATCH)):
             within_s = dispatch_start_timeout()
         await self._delete_left(req, dispatch, admission, within_s=within_s)
         await self._release("finished", "cancelled", "Cancelled")
@@ -1078,6 +1099,15 @@ class ActionWorkflow:
             workflow.upsert_memo(
                 {"state": st.state, "reason": st.reason, "cluster": st.cluster, "queue": st.queue}
             )
+
+
+def _cancel_requested() -> bool:
+    """Whether the workflow has been asked to cancel: the SDK cancels the workflow's
+    main task, whose count of cancel requests stays up after the request was delivered
+    (to an activity handle that then ended otherwise). Replays alike: the request is a
+    history event, delivered at the same point."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def _within(cond: Callable[[], bool], seconds: float) -> bool:
