@@ -402,8 +402,9 @@ class Pools:
             del self._pools[pool.shape]
 
     def pids(self) -> dict[str, list[int]]:
-        """Each live pool's processes, by environment name (for tests and logs)."""
-        return {s.name: p.pids for s, p in self._pools.items()}
+        """Each usable pool's processes, by environment name (for tests and logs): a
+        pool whose processes all ended is left out as soon as it has seen them end."""
+        return {s.name: p.pids for s, p in self._pools.items() if p.usable}
 
     async def close(self) -> None:
         """Stop every pool (the worker is stopping)."""
