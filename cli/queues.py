@@ -135,15 +135,15 @@ def _retry_flags(old: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> dic
     for flag, value in given.items():
         key = flag.removeprefix("retry_")
         if flag in _RETRY_COUNTS:
+            name = f"--{flag.replace('_', '-')}"
             try:
                 out[key] = int(value)
-                check_limit(out[key], f"--{flag.replace('_', '-')}")
+            except ValueError:
+                raise click.BadParameter(f"{name}: {value!r} is not a number of retries") from None
+            try:
+                check_limit(out[key], name)
             except ValueError as exc:
-                if "more than" in str(exc):
-                    raise click.BadParameter(str(exc)) from None
-                raise click.BadParameter(
-                    f"--{flag.replace('_', '-')}: {value!r} is not a number of retries"
-                ) from None
+                raise click.BadParameter(str(exc)) from None
         elif flag == "retry_oom_factor":
             out[key] = _number(value, "--retry-oom-factor")
         elif flag in ("retry_oom_max_memory", "retry_ready_timeout") and (

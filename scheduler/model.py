@@ -126,9 +126,6 @@ def check_count(value: Any, field: str) -> int:
     return value
 
 
-_count = check_count
-
-
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """What a queue does when one of its actions fails, by failure class (issue #23).
@@ -192,7 +189,7 @@ class RetryPolicy:
         out: dict[str, Any] = {}
         for key in ("oom", "lost", "failed", "not_ready"):
             if key in value:
-                out[key] = _count(value[key], f"{field}.{key}")
+                out[key] = check_count(value[key], f"{field}.{key}")
         if "oom_factor" in value:
             f = value["oom_factor"]
             ok = isinstance(f, int | float) and not isinstance(f, bool) and math.isfinite(f)
