@@ -436,25 +436,8 @@ class ActionWorkflow:
             req.queue,
             now,
         )
-        # Lean publishing (patched in): ``client.submit`` sets the search attributes and
-        # a static memo at start, so only admission and the end upsert (each an extra
-        # visibility write on the server, which bare workflows do not pay).
-        # Revision 1+ takes the patched paths without asking (no marker, no upsert of
-        # TemporalChangeVersion); revision 0 inputs were recorded with the patches.
         rev = req.revision
-        self._lean = rev >= 1 or workflow.patched("lean-publish")
-        if rev >= 2:
-            # Deferred publishing: each search-attribute write costs the server a
-            # validation (namespace and cluster-metadata reads) besides the event, about
-            # 3 ms of server CPU per action on the bench machine; writing them once in
-            # the first task, after the admission wait, saves the start's write. The
-            # memo (queue, tenant, run) is there from the start.
-            self._first_publish = True
-        elif not self._lean:
-            self._publish(run=True)
-        elif info.typed_search_attributes.get(SA["HeadwayState"]) is None:
-            st.state, st.reason = "waiting", "Waiting"  # started by hand: publish once
-            self._publish(run=True, memo=True)
+        self._start_publishing(rev, info)
         try:
             kind, pods = demand_from_request(asdict(req.demand))
         except ValueError as err:
@@ -481,33 +464,9 @@ class ActionWorkflow:
             submitted_at=now,
         )
         try:
-            if rev >= 1 or workflow.patched("admit-in-first-task"):
-                # Write the lease and wait briefly for the admission in-process: when it
-                # comes, the cluster activity is scheduled in this same workflow task.
-                lease.wait_s = ANSWER_WAIT_S if self._answer_wanted else ADMIT_WAIT_S
-                out: PutLeaseOutput = await workflow.execute_local_activity(
-                    PUT_LEASE_WAIT_ACTIVITY,
-                    lease,
-                    summary=f"enqueue on {req.queue}",
-                    result_type=PutLeaseOutput,
-                    start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
-                )
-                if out.rejection is not None:
-                    # Refused at the door: no lease was written, nothing to release.
-                    rj = out.rejection
-                    return self._end_rejected(
-                        rj.reason, rj.message, retry_after=rj.retry_after, at_door=True
-                    )
-                if out.admission is not None:
-                    self.admit(out.admission)
-            else:
-                await workflow.execute_local_activity(
-                    PUT_LEASE_ACTIVITY,
-                    lease,
-                    start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
-                )
+            refused = await self._enqueue(req, lease)
+            if refused is not None:
+                return refused
             adm = self._admission
             self._answer = SubmitAnswer(
                 req.action_id,
@@ -534,6 +493,62 @@ class ActionWorkflow:
         if rev >= 4:
             return await self._attempts(req, spec, kind, admission, lease)
         return await self._run_on_cluster(req, spec, kind, admission)
+
+    def _start_publishing(self, rev: int, info: workflow.Info) -> None:
+        """How this run publishes its state to the Web UI's search attributes.
+
+        Lean publishing (patched in): ``client.submit`` sets the search attributes and a
+        static memo at start, so only admission and the end upsert (each an extra
+        visibility write on the server, which bare workflows do not pay). Revision 1+
+        takes the patched paths without asking (no marker, no upsert of
+        TemporalChangeVersion); revision 0 inputs were recorded with the patches.
+        """
+        st = self._status
+        self._lean = rev >= 1 or workflow.patched("lean-publish")
+        if rev >= 2:
+            # Deferred publishing: each search-attribute write costs the server a
+            # validation (namespace and cluster-metadata reads) besides the event, about
+            # 3 ms of server CPU per action on the bench machine; writing them once in
+            # the first task, after the admission wait, saves the start's write. The
+            # memo (queue, tenant, run) is there from the start.
+            self._first_publish = True
+        elif not self._lean:
+            self._publish(run=True)
+        elif info.typed_search_attributes.get(SA["HeadwayState"]) is None:
+            st.state, st.reason = "waiting", "Waiting"  # started by hand: publish once
+            self._publish(run=True, memo=True)
+
+    async def _enqueue(self, req: SubmitRequest, lease: PutLeaseInput) -> ActionResult | None:
+        """Write the action's lease (the door decides); the result if it was refused
+        there, else None (admitted already, in-process, or waiting)."""
+        if req.revision >= 1 or workflow.patched("admit-in-first-task"):
+            # Write the lease and wait briefly for the admission in-process: when it
+            # comes, the cluster activity is scheduled in this same workflow task.
+            lease.wait_s = ANSWER_WAIT_S if self._answer_wanted else ADMIT_WAIT_S
+            out: PutLeaseOutput = await workflow.execute_local_activity(
+                PUT_LEASE_WAIT_ACTIVITY,
+                lease,
+                summary=f"enqueue on {req.queue}",
+                result_type=PutLeaseOutput,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            )
+            if out.rejection is not None:
+                # Refused at the door: no lease was written, nothing to release.
+                rj = out.rejection
+                return self._end_rejected(
+                    rj.reason, rj.message, retry_after=rj.retry_after, at_door=True
+                )
+            if out.admission is not None:
+                self.admit(out.admission)
+        else:
+            await workflow.execute_local_activity(
+                PUT_LEASE_ACTIVITY,
+                lease,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            )
+        return None
 
     async def _run_on_cluster(
         self, req: SubmitRequest, spec: ActionSpec, kind: DemandKind, admission: Admission
